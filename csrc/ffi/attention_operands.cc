@@ -1,0 +1,115 @@
+#include "attention_operands.h"
+
+#include <sstream>
+#include <tuple>
+
+namespace jax_flash {
+namespace {
+
+std::string dims_string(ffi::Span<const int64_t> dims) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
+  out << "]";
+  return out.str();
+}
+
+bool same_dims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument("jax_flash: " + message); }
+
+// `buffer` must have the dtype and shape of `like`.
+ffi::Error check_like(const char* name, const ffi::AnyBuffer& buffer, const ffi::AnyBuffer& like) {
+  const ffi::DataType dtype = buffer.element_type(), expected_dtype = like.element_type();
+  const auto dims = buffer.dimensions(), expected_dims = like.dimensions();
+  if (dtype != expected_dtype) return invalid(std::string(name) + " has a different dtype than expected");
+  if (!same_dims(dims, expected_dims))
+    return invalid(std::string(name) + " has shape " + dims_string(dims) + ", expected " + dims_string(expected_dims));
+  return ffi::Error::Success();
+}
+
+// Validates q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] and fills shape and dtype.
+ffi::Error decode_qkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                      const PlatformLimits& limits, AttentionShape* shape, DType* dtype) {
+  auto qd = q.dimensions(), kd = k.dimensions();
+  if (qd.size() != 4 || kd.size() != 4)
+    return invalid("query and key must be rank 4 [batch, seq, heads, head_dim], got " + dims_string(qd) + " and " +
+                   dims_string(kd));
+  if (auto error = check_like("value", v, k); error.failure()) return error;
+  if (k.element_type() != q.element_type()) return invalid("query and key must have the same dtype");
+  switch (q.element_type()) {
+    case ffi::DataType::F32: *dtype = DType::kFloat32; break;
+    case ffi::DataType::F16: *dtype = DType::kFloat16; break;
+    case ffi::DataType::BF16: *dtype = DType::kBFloat16; break;
+    default: return invalid("dtype must be float32, float16 or bfloat16");
+  }
+  *shape = AttentionShape{qd[0], qd[1], kd[1], qd[2], kd[2], qd[3]};
+  if (kd[0] != qd[0]) return invalid("query and key batch sizes differ: " + dims_string(qd) + " vs " + dims_string(kd));
+  if (kd[3] != qd[3]) return invalid("query and key head_dim differ: " + dims_string(qd) + " vs " + dims_string(kd));
+  for (int64_t extent : {shape->batch, shape->seqlen_q, shape->seqlen_k, shape->heads_q, shape->heads_kv,
+                         shape->head_dim})
+    if (extent <= 0) return invalid("every dimension must be positive, got " + dims_string(qd) + " and " + dims_string(kd));
+  if (shape->heads_q % shape->heads_kv != 0) return invalid("query heads must be a multiple of key/value heads");
+  if (shape->head_dim > limits.max_head_dim || shape->head_dim % limits.head_dim_multiple != 0)
+    return invalid("head_dim " + std::to_string(shape->head_dim) + " unsupported on this platform (at most " +
+                   std::to_string(limits.max_head_dim) + ", a multiple of " +
+                   std::to_string(limits.head_dim_multiple) + ")");
+  return ffi::Error::Success();
+}
+
+// lse is [B, Hq, Sq].
+ffi::Error check_lse(ffi::Span<const int64_t> dims, const AttentionShape& shape) {
+  const int64_t expected[] = {shape.batch, shape.heads_q, shape.seqlen_q};
+  if (!same_dims(dims, ffi::Span<const int64_t>(expected, 3)))
+    return invalid("lse has shape " + dims_string(dims) + ", expected [batch, heads, seq_q]");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                          const ffi::AnyBuffer& v, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                          const AttentionAttrs& attrs, AttentionForwardParams* params) {
+  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = check_like("out", out, q); error.failure()) return error;
+  if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
+  params->mask = to_mask(attrs);
+  params->scale = attrs.scale;
+  params->q = q.untyped_data();
+  params->k = k.untyped_data();
+  params->v = v.untyped_data();
+  params->out = out.untyped_data();
+  params->lse = lse.typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
+                           const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
+                           const ffi::Buffer<ffi::F32>& lse, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk,
+                           ffi::AnyBuffer& dv, const AttentionAttrs& attrs, AttentionBackwardParams* params) {
+  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
+  using Pair = std::tuple<const char*, const ffi::AnyBuffer*, const ffi::AnyBuffer*>;
+  for (auto [name, buffer, like] : {Pair{"dout", &dout, &q}, Pair{"out", &out, &q}, Pair{"dq", &dq, &q},
+                                    Pair{"dk", &dk, &k}, Pair{"dv", &dv, &v}})
+    if (auto error = check_like(name, *buffer, *like); error.failure()) return error;
+  params->mask = to_mask(attrs);
+  params->scale = attrs.scale;
+  params->dout = dout.untyped_data();
+  params->q = q.untyped_data();
+  params->k = k.untyped_data();
+  params->v = v.untyped_data();
+  params->out = out.untyped_data();
+  params->lse = lse.typed_data();
+  params->dq = dq.untyped_data();
+  params->dk = dk.untyped_data();
+  params->dv = dv.untyped_data();
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash

@@ -1,0 +1,62 @@
+// Operand lists of the attention custom calls and their validation, shared by every platform's handlers.
+// Python validates first with friendlier messages; these checks are the backstop that keeps a bad call from
+// reaching a kernel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "../attention_params.h"
+#include "attention_attrs.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_flash {
+
+namespace ffi = ::xla::ffi;
+
+// forward(q, k, v) -> (out, lse)
+template <typename Binding>
+auto bind_forward_operands(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attrs<AttentionAttrs>();
+}
+
+// backward(dout, q, k, v, out, lse) -> (dq, dk, dv)
+template <typename Binding>
+auto bind_backward_operands(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<AttentionAttrs>();
+}
+
+// What a platform's kernels accept beyond the common rules.
+struct PlatformLimits {
+  int64_t max_head_dim;
+  int64_t head_dim_multiple;
+};
+
+// Validate the operands (shapes, dtypes, platform limits) and fill the kernel params.
+ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                          const ffi::AnyBuffer& v, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                          const AttentionAttrs& attrs, AttentionForwardParams* params);
+
+ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
+                           const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
+                           const ffi::Buffer<ffi::F32>& lse, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk,
+                           ffi::AnyBuffer& dv, const AttentionAttrs& attrs, AttentionBackwardParams* params);
+
+}  // namespace jax_flash

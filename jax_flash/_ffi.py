@@ -1,0 +1,30 @@
+"""The one place that loads the compiled extension and registers its FFI targets with XLA."""
+
+from __future__ import annotations
+
+import jax
+
+from jax_flash import _jax_flash_ext as _ext
+
+# XLA's platform names for registration, keyed by jax_flash's lowering platform names.
+_XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA"}
+_HANDLERS = {"cpu": _ext.cpu_handlers(), "cuda": _ext.cuda_handlers()}
+
+for _platform, _targets in _HANDLERS.items():
+    for _name, _capsule in _targets.items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform=_XLA_PLATFORM[_platform])
+
+
+def compiled_platforms() -> tuple[str, ...]:
+    """Platforms ("cpu", "cuda") this build has kernels for."""
+    return tuple(p for p, targets in _HANDLERS.items() if targets)
+
+
+def cuda_architectures() -> str:
+    """The CMAKE_CUDA_ARCHITECTURES this build was compiled for ('' without CUDA)."""
+    return _ext.cuda_architectures
+
+
+def target_name(op: str, platform: str) -> str:
+    """FFI target of `op` ("attention_fwd", "attention_bwd") on `platform`: jax_flash_<op>_<platform>."""
+    return f"jax_flash_{op}_{platform}"

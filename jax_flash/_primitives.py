@@ -1,0 +1,113 @@
+"""The attention primitives: abstract evaluation, per-platform lowering to the FFI targets, and batching.
+
+attention_fwd(q, k, v) -> (out, lse) and attention_bwd(dout, q, k, v, out, lse) -> (dq, dk, dv), with q/out/dout
+[batch, seq_q, heads_q, head_dim], k/v [batch, seq_k, heads_kv, head_dim] and lse [batch, heads_q, seq_q] float32.
+Autodiff lives one level up (jax_flash.attention), as a custom_vjp over these two.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_flash import _ffi
+from jax_flash._config import AttentionConfig
+
+attention_fwd_p = Primitive("jax_flash_attention_fwd")
+attention_fwd_p.multiple_results = True
+attention_bwd_p = Primitive("jax_flash_attention_bwd")
+attention_bwd_p.multiple_results = True
+
+# What each platform's kernels accept; the lowering turns anything else into a trace-time error.
+_HEAD_DIM_MULTIPLE = {"cpu": 1, "cuda": 8}
+MAX_HEAD_DIM = 256
+
+
+def _lse_aval(q):
+    batch, seq_q, heads_q, _ = q.shape
+    return jax.core.ShapedArray((batch, heads_q, seq_q), jnp.float32)
+
+
+def _fwd_abstract_eval(q, k, v, *, config: AttentionConfig):
+    del k, v, config  # validated by jax_flash.attention before binding
+    return jax.core.ShapedArray(q.shape, q.dtype), _lse_aval(q)
+
+
+def _bwd_abstract_eval(dout, q, k, v, out, lse, *, config: AttentionConfig):
+    del dout, out, lse, config
+    return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
+            jax.core.ShapedArray(v.shape, v.dtype))
+
+
+attention_fwd_p.def_abstract_eval(_fwd_abstract_eval)
+attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+
+
+def _compiled_impl(primitive):
+    """Eager (un-jitted) calls compile the primitive alone, as jax does for its own primitives."""
+
+    def impl(*args, config):
+        return jax.jit(lambda *a: primitive.bind(*a, config=config))(*args)
+
+    return impl
+
+
+attention_fwd_p.def_impl(_compiled_impl(attention_fwd_p))
+attention_bwd_p.def_impl(_compiled_impl(attention_bwd_p))
+
+
+def _check_platform(platform: str, head_dim: int) -> None:
+    if platform not in _ffi.compiled_platforms():
+        raise NotImplementedError(
+            f"jax_flash was built without {platform} kernels (compiled: {_ffi.compiled_platforms()}); reinstall it "
+            f"on a machine with the CUDA compiler, or pass implementation='xla'")
+    multiple = _HEAD_DIM_MULTIPLE[platform]
+    if head_dim % multiple:
+        raise ValueError(f"head_dim={head_dim} is not supported on {platform}: it must be a multiple of {multiple} "
+                         f"and at most {MAX_HEAD_DIM}; pass implementation='xla' for other sizes")
+
+
+def _lowering(op: str, platform: str):
+    ffi_rule = jax.ffi.ffi_lowering(_ffi.target_name(op, platform))
+
+    def rule(ctx, *operands, config: AttentionConfig):
+        # q is operand 0 of the forward and operand 1 of the backward (after dout); both carry head_dim last.
+        _check_platform(platform, ctx.avals_in[0].shape[-1])
+        return ffi_rule(ctx, *operands, **config.ffi_attributes())
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(attention_fwd_p, _lowering("attention_fwd", _platform), platform=_platform)
+    mlir.register_lowering(attention_bwd_p, _lowering("attention_bwd", _platform), platform=_platform)
+
+
+def _fold_vmap_axis(args, dims):
+    """Moves each vmapped axis to the front (broadcasting unbatched operands) and merges it into the batch axis."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    folded = []
+    for a, d in zip(args, dims):
+        a = jnp.broadcast_to(a, (size, *a.shape)) if d is batching.not_mapped else jnp.moveaxis(a, d, 0)
+        folded.append(a.reshape(size * a.shape[1], *a.shape[2:]))
+    return size, folded
+
+
+def _unfold(size, results):
+    return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in results]
+
+
+def _fwd_batch(args, dims, *, config):
+    size, folded = _fold_vmap_axis(args, dims)
+    return _unfold(size, attention_fwd_p.bind(*folded, config=config)), [0, 0]
+
+
+def _bwd_batch(args, dims, *, config):
+    size, folded = _fold_vmap_axis(args, dims)
+    return _unfold(size, attention_bwd_p.bind(*folded, config=config)), [0, 0, 0]
+
+
+batching.primitive_batchers[attention_fwd_p] = _fwd_batch
+batching.primitive_batchers[attention_bwd_p] = _bwd_batch

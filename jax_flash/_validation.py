@@ -1,0 +1,73 @@
+"""Trace-time checks of the public arguments, each error naming the argument and what is allowed."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash._primitives import MAX_HEAD_DIM
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def check_qkv(query, key, value) -> None:
+    """Shapes [B, S, H, D] (or [S, H, D] for all three) and dtypes of query, key and value."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+        if x.ndim not in (3, 4):
+            raise ValueError(f"{name} must have rank 4 [batch, seq, heads, head_dim] or rank 3 [seq, heads, "
+                             f"head_dim], got shape {x.shape}")
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are float32, float16 and bfloat16")
+        if 0 in x.shape:
+            raise ValueError(f"{name} has a zero-length axis: shape {x.shape}")
+    if not query.ndim == key.ndim == value.ndim:
+        raise ValueError(f"query, key and value must have the same rank, got shapes {query.shape}, {key.shape} "
+                         f"and {value.shape}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must have the same dtype, got {query.dtype}, {key.dtype} and "
+                        f"{value.dtype}")
+    if key.shape != value.shape:
+        raise ValueError(f"key and value must have the same shape, got {key.shape} and {value.shape}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must have the same head_dim (last axis), got {query.shape[-1]} and "
+                         f"{key.shape[-1]}")
+    if query.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {query.shape[-1]}")
+    if query.ndim == 4 and query.shape[0] != key.shape[0]:
+        raise ValueError(f"query and key must have the same batch size, got {query.shape[0]} and {key.shape[0]}")
+    heads_q, heads_kv = query.shape[-2], key.shape[-2]
+    if heads_q % heads_kv:
+        raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number of key/value heads "
+                         f"({heads_kv})")
+
+
+def concrete_float(name: str, value) -> float:
+    """A Python float from a static argument; traced values are rejected because they pick the compiled kernel."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be a concrete Python number, not a traced value: kernels take it as a "
+                        f"compile-time constant (pass it as a static argument under jit)")
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a number, got {value!r}") from e
+
+
+def window_bounds(local_window_size, is_causal: bool) -> tuple[int, int]:
+    """(window_left, window_right) with -1 for unbounded, from jax.nn's local_window_size and is_causal."""
+    left = right = -1
+    if local_window_size is not None:
+        if isinstance(local_window_size, int):
+            left = right = local_window_size
+        elif isinstance(local_window_size, tuple) and len(local_window_size) == 2 and all(
+                isinstance(w, int) for w in local_window_size):
+            left, right = local_window_size
+        else:
+            raise TypeError(f"local_window_size must be an int or a (left, right) tuple of ints, got "
+                            f"{local_window_size!r}")
+        if left < 0 or right < 0:
+            raise ValueError(f"local_window_size must be non-negative, got {local_window_size!r}")
+    if is_causal:
+        right = 0
+    return left, right
