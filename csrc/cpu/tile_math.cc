@@ -17,17 +17,18 @@ namespace {
 // Eight floats; the compiler maps it to one AVX register, or two SSE registers on the baseline level.
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 
-inline Vec8 load8(const float* p) {
+__attribute__((always_inline)) inline Vec8 load8(const float* p) {
   Vec8 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+__attribute__((always_inline)) inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
 
 // Accumulates ROWS rows of C over the columns [0, n): 16 columns at a time in registers, then 8, then scalars.
+// Always inlined so it is compiled inside each multiversioned caller with that caller's instruction set.
 template <int ROWS>
-inline void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
+__attribute__((always_inline)) inline void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
                       int64_t k) {
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
@@ -69,7 +70,7 @@ inline void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const 
 
 // exp(x) for x <= 0 as 2^n * e^r with |r| <= ln2/2 and a degree-6 Taylor/Cephes polynomial: about 1 ulp in float32,
 // and written without library calls so the loop around it vectorizes.
-inline float exp_nonpositive(float x) {
+__attribute__((always_inline)) inline float exp_nonpositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;

@@ -1,0 +1,3 @@
+from jax_flash.benchmark import main
+
+main()

@@ -1,0 +1,219 @@
+"""Side-by-side benchmark of jax_flash against jax.nn.dot_product_attention in the same process, on the same inputs.
+
+    python -m jax_flash                      # the demo grid on the default device
+    python -m jax_flash --grid cpu-acceptance --json out.json --plot out.png
+    python -m jax_flash.benchmark --memory   # peak host memory of a long forward, each implementation in a subprocess
+
+Every jax_flash result is checked against the float32 reference before it is timed. FLOPs: forward 4*B*H*Sq*Sk*D
+(halved when causal); forward+backward 3.5x the forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+import jax_flash
+
+
+class Case(NamedTuple):
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    causal: bool
+    dtype: str
+
+
+def _grid(name: str, on_gpu: bool) -> list[Case]:
+    if name == "demo":
+        dtype = "bfloat16" if on_gpu else "float32"
+        seqs = (1024, 4096) if on_gpu else (512, 2048)
+        return [Case(max(1, 8192 // s) if on_gpu else 1, s, 8, d, c, dtype)
+                for s in seqs for d in (64, 128) for c in (False, True)]
+    if name == "cpu-acceptance":
+        return [Case(1, 4096, 8, 64, c, "float32") for c in (False, True)]
+    if name == "anchors":  # the grid of shared/anchors.md: B*S = 16384, H*D = 2048
+        return [Case(16384 // s, s, 2048 // d, d, c, "bfloat16")
+                for d in (64, 128, 256) for s in (1024, 4096, 16384) for c in (False, True)]
+    raise ValueError(f"unknown grid {name!r}")
+
+
+def _peers(on_gpu: bool) -> list[str]:
+    return ["jax_flash", "xla"] + (["cudnn"] if on_gpu else [])
+
+
+def _attention(impl: str, causal: bool):
+    if impl == "jax_flash":
+        return lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=causal)
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
+
+
+def _fwd_bwd(attend):
+    def loss(q, k, v):
+        return jnp.sum(attend(q, k, v).astype(jnp.float32))
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def _time(fn, args, min_seconds: float) -> float:
+    """Median seconds per call over 3 repeats of back-to-back calls, after a warm-up call."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    calls = max(1, int(min_seconds / max(time.perf_counter() - start, 1e-6)))
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls)
+    return float(np.median(samples))
+
+
+def _check(case: Case, q, k, v) -> float:
+    """Max abs error of jax_flash's forward against the float32 reference; raises if it is not close."""
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    ours = jax.jit(_attention("jax_flash", case.causal))(q, k, v).astype(jnp.float32)
+    ref = jax_flash.dot_product_attention(*f32, is_causal=case.causal, implementation="xla")
+    err = float(jnp.max(jnp.abs(ours - ref)))
+    tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}[case.dtype]
+    if not err <= tolerance:
+        raise AssertionError(f"jax_flash disagrees with the reference on {case}: max abs error {err}")
+    return err
+
+
+def run(grid: str, parts: tuple[str, ...], min_seconds: float) -> list[dict]:
+    on_gpu = jax.default_backend() == "gpu"
+    cases = _grid(grid, on_gpu)
+    impls = _peers(on_gpu)
+    rows = []
+    for case in tqdm(cases, desc="benchmark", unit="case"):
+        keys = jax.random.split(jax.random.key(hash(case) % 2**31), 3)
+        shape = (case.batch, case.seq, case.heads, case.head_dim)
+        q, k, v = (jax.random.normal(key, shape, case.dtype) for key in keys)
+        err = _check(case, q, k, v)
+        flops_fwd = 4 * case.batch * case.heads * case.seq**2 * case.head_dim / (2 if case.causal else 1)
+        for part in parts:
+            flops = flops_fwd * (3.5 if part == "fwd+bwd" else 1)
+            for impl in impls:
+                fn = _attention(impl, case.causal)
+                fn = jax.jit(fn if part == "fwd" else _fwd_bwd(fn))
+                try:
+                    seconds = _time(fn, (q, k, v), min_seconds)
+                except Exception as e:  # a peer that cannot run this case is reported, not fatal
+                    tqdm.write(f"{impl} failed on {case} {part}: {type(e).__name__}: {str(e)[:200]}")
+                    seconds = float("nan")
+                rows.append(dict(case._asdict(), part=part, impl=impl, ms=seconds * 1e3,
+                                 tflops=flops / seconds / 1e12, max_abs_err=err if impl == "jax_flash" else None))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    peers = [i for i in impls if i != "jax_flash"]
+    header = ["B", "S", "H", "D", "mask", "dtype", "part"] + [f"{i} ms" for i in impls] + [
+        f"{i} TFLOP/s" for i in impls] + [f"x vs {p}" for p in peers]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["batch"], r["seq"], r["heads"], r["head_dim"], r["causal"], r["dtype"], r["part"]),
+                          {})[r["impl"]] = r
+    for (b, s, h, d, causal, dtype, part), by_impl in groups.items():
+        cells = [str(b), str(s), str(h), str(d), "causal" if causal else "full", dtype, part]
+        cells += [f"{by_impl[i]['ms']:.2f}" for i in impls]
+        cells += [f"{by_impl[i]['tflops']:.3f}" for i in impls]
+        cells += [f"{by_impl[p]['ms'] / by_impl['jax_flash']['ms']:.2f}" for p in peers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = list(dict.fromkeys(r["part"] for r in rows))
+    fig, axes = plt.subplots(1, len(parts), figsize=(7 * len(parts), 4), squeeze=False)
+    for ax, part in zip(axes[0], parts):
+        sub = [r for r in rows if r["part"] == part]
+        labels = list(dict.fromkeys(f"S{r['seq']} D{r['head_dim']} {'c' if r['causal'] else 'f'}" for r in sub))
+        impls = list(dict.fromkeys(r["impl"] for r in sub))
+        width = 0.8 / len(impls)
+        for n, impl in enumerate(impls):
+            values = [r["tflops"] for r in sub if r["impl"] == impl]
+            ax.bar(np.arange(len(labels)) + n * width, values, width, label=impl)
+        ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=45, ha="right")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{part} on {jax.devices()[0].device_kind}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _peak_memory_child(impl: str, seq: int) -> None:
+    """Runs one forward at [1, seq, 1, 64] float32 and prints the process's peak resident memory in MiB."""
+    import resource
+
+    q, k, v = (jax.random.normal(key, (1, seq, 1, 64), jnp.float32) for key in jax.random.split(jax.random.key(0), 3))
+    fn = jax.jit(_attention(impl, False))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(q, k, v))
+    seconds = time.perf_counter() - start
+    print(json.dumps(dict(impl=impl, seq=seq, seconds=seconds,
+                          peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+
+
+def memory_table(seq: int) -> str:
+    lines = ["| impl | S | first call incl. compile (s) | peak RSS (MiB) |", "|---|---|---|---|"]
+    for impl in ("jax_flash", "xla"):
+        child = subprocess.run([sys.executable, "-m", "jax_flash.benchmark", "--memory-child", impl, str(seq)],
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            lines.append(f"| {impl} | {seq} | failed: {child.stderr.strip().splitlines()[-1][:120]} | |")
+            continue
+        r = json.loads(child.stdout.strip().splitlines()[-1])
+        lines.append(f"| {impl} | {seq} | {r['seconds']:.2f} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors"))
+    parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
+    parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
+    parser.add_argument("--json", help="write every measurement to this JSON file")
+    parser.add_argument("--plot", help="write a TFLOP/s bar chart to this PNG (needs matplotlib)")
+    parser.add_argument("--memory", type=int, nargs="?", const=32768, metavar="SEQ",
+                        help="peak host memory of a forward at [1, SEQ, 1, 64] float32, per implementation")
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        _peak_memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+    if args.memory:
+        print(memory_table(args.memory))
+        return
+    print(f"jax_flash {jax_flash.__version__} on {jax.devices()[0].device_kind}, jax {jax.__version__}")
+    rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
