@@ -1,0 +1,40 @@
+// The launch interface of attention_cuda.h: rejects calls no kernel supports, then routes the rest to a kernel.
+// Only the simple kernels exist so far; faster ones will be chosen here by shape without changing the interface.
+#include "attention_cuda.h"
+
+#include <cstdint>
+
+#include "attention_simple.h"
+
+namespace jax_flash {
+namespace {
+
+// The kernels stage rows of q, k, v and dout into shared memory with 16-byte loads.
+bool aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+// A backstop: the FFI handlers validate shapes first, so reaching `false` here is a bug upstream.
+bool supported(const AttentionShape& shape) {
+  return shape.batch >= 0 && shape.seqlen_q >= 0 && shape.seqlen_k >= 0 && shape.heads_kv > 0 &&
+         shape.heads_q >= 0 && shape.heads_q % shape.heads_kv == 0 && shape.head_dim >= 8 &&
+         shape.head_dim <= 256 && shape.head_dim % 8 == 0;
+}
+
+}  // namespace
+
+cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaStream_t stream) {
+  const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v);
+  if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
+  return cuda_kernels::attention_forward_simple(params, stream);
+}
+
+size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
+  return cuda_kernels::attention_backward_simple_workspace_bytes(shape);
+}
+
+cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+  const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v) && aligned_16(params.dout);
+  if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
+  return cuda_kernels::attention_backward_simple(params, workspace, stream);
+}
+
+}  // namespace jax_flash
