@@ -86,11 +86,14 @@ for _platform in ("cpu", "cuda"):
 
 
 def _fold_vmap_axis(args, dims):
-    """Moves each vmapped axis to the front (broadcasting unbatched operands) and merges it into the batch axis."""
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    """Moves each vmapped axis to the front (broadcasting unbatched operands) and merges it into the batch axis.
+
+    JAX passes None as the batch dimension of an operand that is not mapped.
+    """
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     folded = []
     for a, d in zip(args, dims):
-        a = jnp.broadcast_to(a, (size, *a.shape)) if d is batching.not_mapped else jnp.moveaxis(a, d, 0)
+        a = jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
         folded.append(a.reshape(size * a.shape[1], *a.shape[2:]))
     return size, folded
 
