@@ -42,14 +42,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     Args:
       query: [batch, seq_q, heads_q, head_dim] (or [seq_q, heads_q, head_dim]).
-      key, value: [batch, seq_k, heads_kv, head_dim]; heads_q must be a multiple of heads_kv (GQA/MQA), and K/V are
-        never repeated in memory.
+      key, value: [batch, seq_k, heads_kv, head_dim]; heads_q must be a multiple of heads_kv (GQA/MQA), and the
+        kernels read each K/V head once instead of repeating it (under vmap, unbatched K/V are broadcast).
       bias, mask, query_seq_lengths, key_value_seq_lengths: not supported yet; passing one raises.
       scale: softmax scale, a concrete number; default 1/sqrt(head_dim).
       is_causal: query i sees keys j <= i (top-left aligned, as in jax.nn).
       local_window_size: int w or (left, right): query i sees keys i-left <= j <= i+right.
       implementation: None for jax_flash's kernels on the current platform, 'xla' for the pure-JAX reference.
-      softcap: if set (> 0), logits s become softcap * tanh(s / softcap) before the softmax.
+      softcap: if > 0, logits s become softcap * tanh(s / softcap) before the softmax; None or 0 means no capping.
 
     Returns:
       The attention output, shaped and typed like query. Rows that see no key are 0.
@@ -68,7 +68,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else _validation.concrete_float("scale", scale)
     softcap = 0.0 if softcap is None else _validation.concrete_float("softcap", softcap)
     if softcap < 0:
-        raise ValueError(f"softcap must be positive (or None for no capping), got {softcap}")
+        raise ValueError(f"softcap must be positive, or None/0 for no capping, got {softcap}")
     window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
     config = AttentionConfig(scale, window_left, window_right, softcap)
 

@@ -123,7 +123,7 @@ def format_table(rows: list[dict]) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     peers = [i for i in impls if i != "jax_flash"]
     header = ["B", "S", "H", "D", "mask", "dtype", "part"] + [f"{i} ms" for i in impls] + [
-        f"{i} TFLOP/s" for i in impls] + [f"x vs {p}" for p in peers]
+        f"{i} TFLOP/s" for i in impls] + [f"speedup vs {p}" for p in peers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     groups: dict = {}
     for r in rows:

@@ -1,0 +1,119 @@
+"""Forward outputs and gradients of jax_flash against the float64 reference, across shapes, masks and dtypes.
+
+Every case checks out, dq, dk and dv (gradients of sum(out * cotangent) with a random cotangent) under the tolerance
+rule of attention_testing: max-abs error vs the float64 reference <= 2 * (XLA's error in the same dtype)
++ 4 * eps(dtype) * max(max|reference|, 1). The reference here is the independent float64 numpy implementation
+(attention_testing.numpy_attention, itself checked in test_reference.py), which needs no XLA compilation. The jitted
+function is also checked to lower to jax_flash's fwd and bwd kernels.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+import attention_testing as at
+
+
+class Case(NamedTuple):
+    seq_q: int
+    seq_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str
+    is_causal: bool = False
+    window: int | tuple[int, int] | None = None
+    softcap: float | None = None
+    batch: int = 2
+    scale: float | None = None
+
+    def id(self) -> str:
+        parts = [f"q{self.seq_q}k{self.seq_k}", f"h{self.heads_q}/{self.heads_kv}", f"d{self.head_dim}", self.dtype]
+        if self.is_causal:
+            parts.append("causal")
+        if self.window is not None:
+            parts.append(f"win{self.window}".replace(" ", ""))
+        if self.softcap is not None:
+            parts.append(f"cap{self.softcap:g}")
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:g}")
+        if self.batch != 2:
+            parts.append(f"b{self.batch}")
+        return "-".join(parts)
+
+
+def _cases():
+    cases = []
+    # Head dims x dtypes. Causal and GQA vary along the sweep.
+    for i, head_dim in enumerate((32, 40, 64, 80, 96, 128, 256)):
+        for j, dtype in enumerate(("float32", "bfloat16", "float16")):
+            seq_q, seq_k = ((113, 113), (17, 113), (113, 17))[(i + j) % 3]
+            cases.append(Case(seq_q, seq_k, 2, (2, 1)[(i + j) % 2], head_dim, dtype, is_causal=bool((i + j) % 2),
+                              batch=1))
+    # Sequence lengths, including 1 and Sq != Sk both ways, causal on and off.
+    for seq_q, seq_k in ((1, 1), (1, 17), (17, 1), (17, 17), (17, 113), (113, 17), (113, 113)):
+        for is_causal in (False, True):
+            cases.append(Case(seq_q, seq_k, 4, 2, 64, "float32", is_causal=is_causal))
+    for seq_q, seq_k in ((1, 113), (113, 1), (17, 113), (113, 17)):
+        cases.append(Case(seq_q, seq_k, 4, 4, 64, "bfloat16", is_causal=True))
+    # GQA ratios 1, 2, 8.
+    for heads_q, heads_kv in ((8, 8), (8, 4), (8, 1)):
+        for is_causal in (False, True):
+            cases.append(Case(17, 113, heads_q, heads_kv, 64, "float32", is_causal=is_causal, batch=1))
+            cases.append(Case(113, 113, heads_q, heads_kv, 32, "bfloat16", is_causal=is_causal, batch=1))
+    # Local windows: symmetric int, one-sided tuples, combined with causal, Sq < Sk and Sq > Sk.
+    for window in (5, (3, 0), (0, 7), (16, 2), (40, 40)):
+        for is_causal in (False, True):
+            cases.append(Case(113, 113, 2, 1, 64, "float32", is_causal=is_causal, window=window))
+        cases.append(Case(17, 113, 2, 2, 64, "bfloat16", window=window))
+        cases.append(Case(113, 17, 2, 2, 64, "float16", is_causal=True, window=window))
+    # Soft-capping, alone and with masks.
+    for dtype in ("float32", "bfloat16", "float16"):
+        cases.append(Case(113, 113, 4, 2, 64, dtype, softcap=5.0))
+        cases.append(Case(17, 113, 4, 1, 128, dtype, is_causal=True, softcap=30.0))
+        cases.append(Case(113, 17, 4, 2, 32, dtype, window=(8, 3), softcap=2.0))
+    # Head dims that are not multiples of 8 (the CPU kernels take any size up to 256; CUDA ones skip them).
+    cases.append(Case(113, 17, 4, 2, 36, "float32", is_causal=True))
+    cases.append(Case(17, 113, 2, 1, 20, "bfloat16", window=(9, 9)))
+    cases.append(Case(113, 113, 2, 2, 100, "float16", softcap=15.0, batch=1))
+    # Explicit scales (large one stresses the softmax, small one flattens it).
+    cases.append(Case(113, 113, 2, 1, 64, "float32", is_causal=True, scale=1.0))
+    cases.append(Case(17, 113, 2, 1, 64, "float32", scale=0.01))
+    cases.append(Case(17, 113, 2, 1, 64, "bfloat16", scale=0.01))
+    return [pytest.param(c, id=c.id()) for c in cases]
+
+
+_SLOW_CASES = [
+    Case(1000, 1000, 2, 1, 64, "float32", is_causal=True, batch=1),
+    Case(113, 1000, 4, 2, 128, "bfloat16", batch=1),
+    Case(1000, 113, 2, 2, 64, "float16", window=(64, 0), batch=1),
+    Case(1000, 1000, 2, 2, 32, "bfloat16", window=(128, 128), softcap=20.0, batch=1),
+    Case(1000, 1000, 8, 1, 64, "float32", is_causal=True, window=(200, 0), batch=1),
+    Case(17, 1000, 4, 1, 256, "float16", softcap=10.0, batch=1),
+]
+
+
+def _check_case(case: Case, platform, rng):
+    at.skip_if_unsupported(platform, case.head_dim)
+    dtype = at.DTYPES[case.dtype]
+    q, k, v = at.random_qkv(rng, platform, seq_q=case.seq_q, seq_k=case.seq_k, heads_q=case.heads_q,
+                            heads_kv=case.heads_kv, head_dim=case.head_dim, dtype=dtype, batch=case.batch)
+    cotangent = at.normal(rng, q.shape, dtype, platform)
+    kwargs = dict(is_causal=case.is_causal, local_window_size=case.window, softcap=case.softcap, scale=case.scale)
+    out, grads = at.check_fwd_and_vjp(q, k, v, cotangent, platform, **kwargs)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(g.dtype == dtype for g in grads)
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_forward_and_gradients(case, platform, rng):
+    _check_case(case, platform, rng)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in _SLOW_CASES])
+def test_forward_and_gradients_long(case, platform, rng):
+    _check_case(case, platform, rng)
