@@ -1,7 +1,7 @@
 """Side-by-side benchmark of jax_flash against jax.nn.dot_product_attention in the same process, on the same inputs.
 
-    python -m jax_flash                      # the demo grid on the default device
-    python -m jax_flash --grid cpu-acceptance --json out.json --plot out.png
+    jax-flash                                # the demo grid on the default device (= python -m jax_flash)
+    jax-flash --grid cpu-acceptance --json out.json --plot out.png
     python -m jax_flash.benchmark --memory   # peak host memory of a long forward, each implementation in a subprocess
 
 Every jax_flash result is checked against the float32 reference before it is timed. FLOPs: forward 4*B*H*Sq*Sk*D
