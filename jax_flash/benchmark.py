@@ -14,6 +14,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from typing import NamedTuple
 
@@ -178,8 +179,10 @@ def _peak_memory_child(impl: str, seq: int) -> None:
 def memory_table(seq: int) -> str:
     lines = ["| impl | S | first call incl. compile (s) | peak RSS (MiB) |", "|---|---|---|---|"]
     for impl in ("jax_flash", "xla"):
+        # Run from the temp dir: `-m` puts the working directory first on sys.path, and a source checkout there
+        # would shadow the installed, compiled package.
         child = subprocess.run([sys.executable, "-m", "jax_flash.benchmark", "--memory-child", impl, str(seq)],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, cwd=tempfile.gettempdir())
         if child.returncode != 0:
             lines.append(f"| {impl} | {seq} | failed: {child.stderr.strip().splitlines()[-1][:120]} | |")
             continue
