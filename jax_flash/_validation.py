@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -58,14 +60,15 @@ def window_bounds(local_window_size, is_causal: bool) -> tuple[int, int]:
     """(window_left, window_right) with -1 for unbounded, from jax.nn's local_window_size and is_causal."""
     left = right = -1
     if local_window_size is not None:
-        if isinstance(local_window_size, int):
-            left = right = local_window_size
-        elif isinstance(local_window_size, tuple) and len(local_window_size) == 2 and all(
-                isinstance(w, int) for w in local_window_size):
-            left, right = local_window_size
-        else:
+        bounds = local_window_size if isinstance(local_window_size, tuple) else (local_window_size,) * 2
+        # operator.index accepts Python and NumPy integers alike; bools are integers to Python but not window sizes.
+        try:
+            if len(bounds) != 2 or any(isinstance(w, bool) for w in bounds):
+                raise TypeError
+            left, right = (operator.index(w) for w in bounds)
+        except TypeError:
             raise TypeError(f"local_window_size must be an int or a (left, right) tuple of ints, got "
-                            f"{local_window_size!r}")
+                            f"{local_window_size!r}") from None
         if left < 0 or right < 0:
             raise ValueError(f"local_window_size must be non-negative, got {local_window_size!r}")
     if is_causal:

@@ -1,24 +1,6 @@
-"""What this build of jax_flash contains and which device it would use: `python -m jax_flash.info`."""
+"""`python -m jax_flash.info`: print jax_flash.build_info()."""
 
-from __future__ import annotations
+from jax_flash._build_info import build_info
 
-from importlib import metadata
-
-import jax
-
-from jax_flash import _ffi
-
-
-def build_info() -> dict:
-    return {
-        "jax_flash": metadata.version("jax_flash"),
-        "jax": jax.__version__,
-        "compiled_platforms": list(_ffi.compiled_platforms()),
-        "cuda_architectures": _ffi.cuda_architectures(),
-        "default_device": str(jax.devices()[0]),
-    }
-
-
-if __name__ == "__main__":
-    for key, value in build_info().items():
-        print(f"{key}: {value}")
+for key, value in build_info().items():
+    print(f"{key}: {value}")

@@ -72,6 +72,7 @@ ERROR_CASES = {
     "window_triple": (Q, KV, None, None, dict(local_window_size=(1, 2, 3)), TypeError, r"local_window_size must be"),
     "window_list": (Q, KV, None, None, dict(local_window_size=[1, 2]), TypeError, r"local_window_size must be"),
     "window_string": (Q, KV, None, None, dict(local_window_size="3"), TypeError, r"local_window_size must be"),
+    "window_bool": (Q, KV, None, None, dict(local_window_size=(True, 2)), TypeError, r"local_window_size must be"),
     "softcap_negative": (Q, KV, None, None, dict(softcap=-1.0), ValueError, r"softcap must be positive"),
     "softcap_string": (Q, KV, None, None, dict(softcap="big"), TypeError, r"softcap must be a number"),
     "scale_string": (Q, KV, None, None, dict(scale="half"), TypeError, r"scale must be a number"),
@@ -151,3 +152,13 @@ def test_gpu_without_cuda_kernels(rng):
     q, k, v = _arrays(rng, "gpu", Q, KV)
     with pytest.raises(NotImplementedError, match=r"built without cuda kernels.*implementation='xla'"):
         jax.jit(jax_flash.dot_product_attention).lower(q, k, v)
+
+
+def test_numpy_integer_window_is_accepted(platform, rng):
+    """Window sizes read from configs are often NumPy integers; they must mean the same as Python ints."""
+    q, k, v = _arrays(rng, platform, (1, 9, 2, 16), (1, 9, 2, 16))
+    with_numpy = jax_flash.dot_product_attention(q, k, v, local_window_size=(np.int64(2), np.int32(1)))
+    with_python = jax_flash.dot_product_attention(q, k, v, local_window_size=(2, 1))
+    np.testing.assert_array_equal(np.asarray(with_numpy), np.asarray(with_python))
+    unwindowed = jax_flash.dot_product_attention(q, k, v)
+    assert not np.allclose(np.asarray(with_numpy), np.asarray(unwindowed))

@@ -1,0 +1,47 @@
+"""jax_flash's self-attention layer for flax.nnx."""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+
+from jax_flash.flax._dependency import import_flax
+from jax_flash.flax.self_attention import attend, head_layout
+
+nnx = import_flax("flax.nnx")
+
+
+class Attention(nnx.Module):
+    """Self-attention on [batch, seq, in_features] -> [batch, seq, in_features], run by jax_flash's kernels.
+
+    The nnx twin of jax_flash.flax.linen.Attention (same arguments, same computation): separate query, key, value
+    and out projections (nnx.LinearGeneral, as in nnx.MultiHeadAttention), grouped-query attention when num_kv_heads
+    < num_heads, the kernels' causal / local-window masks and soft-capping, optional rotary position embeddings.
+    """
+
+    def __init__(self, in_features: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, is_causal: bool = False,
+                 local_window_size: int | tuple[int, int] | None = None, softcap: float | None = None,
+                 use_rotary: bool = False, rope_base: float = 10000.0, use_bias: bool = False, dtype=None,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        num_kv_heads, head_dim = head_layout(in_features, num_heads, num_kv_heads, head_dim)
+        projection = functools.partial(nnx.LinearGeneral, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                                       rngs=rngs)
+        self.query = projection(in_features, (num_heads, head_dim))
+        self.key = projection(in_features, (num_kv_heads, head_dim))
+        self.value = projection(in_features, (num_kv_heads, head_dim))
+        self.out = projection((num_heads, head_dim), in_features, axis=(-2, -1))
+        self.is_causal = is_causal
+        self.local_window_size = local_window_size
+        self.softcap = softcap
+        self.use_rotary = use_rotary
+        self.rope_base = rope_base
+
+    def __call__(self, inputs, positions=None):
+        """inputs [batch, seq, in_features]; positions [batch, seq] or [seq] for the rotary embeddings (default
+        0..seq-1)."""
+        out = attend(self.query(inputs), self.key(inputs), self.value(inputs), positions, is_causal=self.is_causal,
+                     local_window_size=self.local_window_size, softcap=self.softcap, use_rotary=self.use_rotary,
+                     rope_base=self.rope_base)
+        return self.out(out)
