@@ -1,4 +1,5 @@
-"""The attention primitives: abstract evaluation, per-platform lowering to the FFI targets, and batching.
+"""The attention primitives: abstract evaluation, per-platform lowering to the FFI targets (with their sharding
+rules, jax_flash._partitioning), and batching.
 
 attention_fwd(q, k, v) -> (out, lse) and attention_bwd(dout, q, k, v, out, lse) -> (dq, dk, dv), with q/out/dout
 [batch, seq_q, heads_q, head_dim], k/v [batch, seq_k, heads_kv, head_dim] and lse [batch, heads_q, seq_q] float32.
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jax_flash import _ffi
+from jax_flash import _ffi, _jax_internals, _partitioning
 from jax_flash._config import AttentionConfig
 
 attention_fwd_p = Primitive("jax_flash_attention_fwd")
@@ -25,20 +26,23 @@ _HEAD_DIM_MULTIPLE = {"cpu": 1, "cuda": 8}
 MAX_HEAD_DIM = 256
 
 
+# Results are derived from the operands' types with update(), which keeps what JAX tracks beyond shape and dtype
+# (the mesh sharding, and inside shard_map the manual axes a value varies over).
 def _lse_aval(q):
     batch, seq_q, heads_q, _ = q.shape
-    return jax.core.ShapedArray((batch, heads_q, seq_q), jnp.float32)
+    spec = tuple(q.sharding.spec)
+    return q.update(shape=(batch, heads_q, seq_q), dtype=jnp.float32, weak_type=False,
+                    sharding=q.sharding.update(spec=(spec[0], spec[2], spec[1])))
 
 
 def _fwd_abstract_eval(q, k, v, *, config: AttentionConfig):
     del k, v, config  # validated by jax_flash.attention before binding
-    return jax.core.ShapedArray(q.shape, q.dtype), _lse_aval(q)
+    return q.update(weak_type=False), _lse_aval(q)
 
 
 def _bwd_abstract_eval(dout, q, k, v, out, lse, *, config: AttentionConfig):
     del dout, out, lse, config
-    return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
-            jax.core.ShapedArray(v.shape, v.dtype))
+    return q.update(weak_type=False), k.update(weak_type=False), v.update(weak_type=False)
 
 
 attention_fwd_p.def_abstract_eval(_fwd_abstract_eval)
@@ -70,12 +74,12 @@ def _check_platform(platform: str, head_dim: int) -> None:
 
 
 def _lowering(op: str, platform: str):
-    ffi_rule = jax.ffi.ffi_lowering(_ffi.target_name(op, platform))
+    target = _ffi.target_name(op, platform)
 
     def rule(ctx, *operands, config: AttentionConfig):
         # q is operand 0 of the forward and operand 1 of the backward (after dout); both carry head_dim last.
         _check_platform(platform, ctx.avals_in[0].shape[-1])
-        return ffi_rule(ctx, *operands, **config.ffi_attributes())
+        return _partitioning.lower(ctx, operands, op=op, target=target, config=config)
 
     return rule
 
@@ -83,6 +87,7 @@ def _lowering(op: str, platform: str):
 for _platform in ("cpu", "cuda"):
     mlir.register_lowering(attention_fwd_p, _lowering("attention_fwd", _platform), platform=_platform)
     mlir.register_lowering(attention_bwd_p, _lowering("attention_bwd", _platform), platform=_platform)
+_jax_internals.require_devices_during_lowering(attention_fwd_p, attention_bwd_p)
 
 
 def _fold_vmap_axis(args, dims):

@@ -7,7 +7,7 @@ import math
 
 import jax
 
-from jax_flash import _validation
+from jax_flash import _jax_internals, _validation
 from jax_flash._config import AttentionConfig
 from jax_flash._primitives import attention_bwd_p, attention_fwd_p
 from jax_flash.reference import attention_reference
@@ -79,5 +79,5 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         out = attention_reference(query, key, value, scale=scale, window_left=window_left,
                                   window_right=window_right, softcap=softcap)
     else:
-        out = _flash_attention(query, key, value, config)
+        out = _flash_attention(*_jax_internals.match_varying_axes(query, key, value), config)
     return out[0] if unbatched else out

@@ -1,0 +1,175 @@
+"""jax_flash.ring_attention: attention over a sequence sharded across devices (context parallelism), in shard_map.
+
+Every device keeps its query block and passes its key/value block around the ring of `axis_name`; after n - 1 hops
+each query block has met every key/value block, and the kernel's partial results are merged with their log-sum-exp.
+The backward goes around the ring once more: each block's dk/dv travel with it and are home after the last hop.
+Given the final out and lse, the kernel's backward on one block pair is that pair's exact share of the gradient.
+
+Causal attention on a contiguous split would leave device 0 with one block pair to compute and device n - 1 with n.
+Causal ring attention therefore takes the zig-zag layout: the sequence is cut into 2n chunks and device i holds
+chunks i and 2n - 1 - i (`zigzag_permutation` gives the token order). At every hop after the first, each device then
+does exactly half a block pair's work: the key/value block of an earlier device is seen whole by all local queries
+but only its first chunk is in their past, and that of a later device is seen only by the local second chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_flash import _jax_internals, _validation
+from jax_flash._config import AttentionConfig
+from jax_flash._primitives import attention_bwd_p, attention_fwd_p
+
+
+def zigzag_permutation(seq_len: int, num_shards: int) -> np.ndarray:
+    """The token order that balances causal ring attention: position p of the sharded sequence holds token perm[p].
+
+    Reorder the sequence axis with it before sharding (`x[:, perm]`, token ids and position ids alike) and undo it
+    on the output with `np.argsort(perm)`. seq_len must be a multiple of 2 * num_shards.
+    """
+    if seq_len % (2 * num_shards):
+        raise ValueError(f"the zig-zag layout needs seq_len ({seq_len}) to be a multiple of 2 * num_shards "
+                         f"({2 * num_shards})")
+    chunks = np.arange(seq_len).reshape(2 * num_shards, -1)
+    return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(num_shards)])
+
+
+def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, scale=None, softcap=None):
+    """softmax(scale * q k^T) v over a sequence sharded on `axis_name`; call it inside jax.shard_map.
+
+    Args:
+      query: the local block [batch, seq_q / n, heads_q, head_dim] of a query sharded over axis_name on axis 1.
+      key, value: the local blocks [batch, seq_k / n, heads_kv, head_dim], sharded the same way.
+      axis_name: the shard_map mesh axis (of size n) that splits the sequence.
+      is_causal: causal attention over the whole sequence, which must be in the zig-zag layout of
+        `zigzag_permutation` (the local query and key/value blocks then have the same even length).
+      scale, softcap: as in jax_flash.dot_product_attention.
+
+    Returns:
+      The local block of the output, shaped and typed like query.
+    """
+    _validation.check_qkv(query, key, value)
+    if query.ndim != 4:
+        raise ValueError(f"ring_attention takes [batch, seq, heads, head_dim] blocks, got query shape {query.shape}")
+    if is_causal and (query.shape[1] != key.shape[1] or query.shape[1] % 2):
+        raise ValueError(f"causal ring_attention needs query and key blocks of the same even length (two zig-zag "
+                         f"chunks each, see zigzag_permutation), got {query.shape[1]} and {key.shape[1]}")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else _validation.concrete_float("scale", scale)
+    softcap = 0.0 if softcap is None else _validation.concrete_float("softcap", softcap)
+    if softcap < 0:
+        raise ValueError(f"softcap must be positive, or None/0 for no capping, got {softcap}")
+    config = AttentionConfig(scale, softcap=softcap)
+    return _ring(*_jax_internals.match_varying_axes(query, key, value), axis_name, bool(is_causal), config)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _ring(query, key, value, axis_name, causal, config):
+    return _ring_fwd(query, key, value, axis_name, causal, config)[0]
+
+
+def _ring_fwd(query, key, value, axis_name, causal, config):
+    n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    # K and V travel as one array: one collective per hop, in one dtype.
+    kv = jnp.stack([key, value])
+    out, lse = _forward_block(query, kv, 0, me, causal, config)
+    out = out.astype(jnp.float32)
+    for hop in range(1, n):
+        kv = _pass_on(kv, axis_name, n)
+        out, lse = _merge(out, lse, *_forward_block(query, kv, hop, me, causal, config))
+    out = out.astype(query.dtype)
+    return out, (query, key, value, out, lse)
+
+
+def _ring_bwd(axis_name, causal, config, residuals, dout):
+    query, key, value, out, lse = residuals
+    n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    kv = jnp.stack([key, value])
+    dq, dkv = _backward_block(dout, query, kv, out, lse, 0, me, causal, config)
+    for hop in range(1, n):
+        # The gradient accumulator of the block travels with it (in float32: one dtype per collective).
+        kv, dkv = _pass_on(kv, axis_name, n), _pass_on(dkv, axis_name, n)
+        dq_block, dkv_block = _backward_block(dout, query, kv, out, lse, hop, me, causal, config)
+        dq, dkv = dq + dq_block, dkv + dkv_block
+    dkv = _pass_on(dkv, axis_name, n)  # the last hop takes each block's gradient home
+    return dq.astype(query.dtype), dkv[0].astype(key.dtype), dkv[1].astype(value.dtype)
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def _pass_on(x, axis_name, n):
+    """Device i sends x to device i + 1: after h hops device i holds the block of device i - h."""
+    return lax.ppermute(x, axis_name, perm=[(i, (i + 1) % n) for i in range(n)])
+
+
+def _merge(out, lse, block_out, block_lse):
+    """Combines two softmax-normalised partial results by their log-sum-exps (out float32 [B, S, H, D])."""
+    merged = jnp.logaddexp(lse, block_lse)
+    # Rows that no key has reached yet have lse -inf on both sides: shift by 0 there instead of making -inf - -inf.
+    shift = jnp.where(jnp.isneginf(merged), 0.0, merged)
+
+    def weight(x):  # [B, H, S] -> [B, S, H, 1], to scale the rows of out
+        return jnp.swapaxes(jnp.exp(x - shift), 1, 2)[..., None]
+
+    return weight(lse) * out + weight(block_lse) * block_out.astype(jnp.float32), merged
+
+
+# Each block pair's kernel call. With the zig-zag layout (chunks a = me and b = 2n - 1 - me on this device) the block
+# of device j = me - hop is: this device's own (hop 0: local causal masking is exactly the global mask); an earlier
+# device's (j < me, i.e. hop <= me): both local chunks see its first chunk whole and its second chunk not at all;
+# or a later device's (j > me): only the local second chunk sees it, whole.
+
+
+def _forward_block(query, kv, hop, me, causal, config):
+    """(out, lse) of the local queries against the visiting key/value block."""
+
+    def attend(query, key, value, config):
+        out, lse = attention_fwd_p.bind(query, key, value, config=config)
+        return out, lse
+
+    if not causal:
+        return attend(query, kv[0], kv[1], config)
+    if hop == 0:
+        return attend(query, kv[0], kv[1], config._replace(window_right=0))
+    half = query.shape[1] // 2
+
+    def earlier(query, kv):
+        return attend(query, kv[0, :, :half], kv[1, :, :half], config)
+
+    def later(query, kv):
+        out, lse = attend(query[:, half:], kv[0], kv[1], config)
+        # The first chunk sees none of these keys: output 0 and lse -inf, as the kernel gives a row with no key.
+        return (jnp.concatenate([jnp.zeros_like(out), out], axis=1),
+                jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=2))
+
+    return lax.cond(hop <= me, earlier, later, query, kv)
+
+
+def _backward_block(dout, query, kv, out, lse, hop, me, causal, config):
+    """(dq, stacked dk/dv), float32, of the visiting block pair's share of the loss, given the final out and lse."""
+
+    def grads(dout, query, key, value, out, lse, config):
+        dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, config=config)
+        return dq.astype(jnp.float32), jnp.stack([dk, dv]).astype(jnp.float32)
+
+    if not causal:
+        return grads(dout, query, kv[0], kv[1], out, lse, config)
+    if hop == 0:
+        return grads(dout, query, kv[0], kv[1], out, lse, config._replace(window_right=0))
+    half = query.shape[1] // 2
+
+    def earlier(dout, query, kv, out, lse):
+        dq, dkv = grads(dout, query, kv[0, :, :half], kv[1, :, :half], out, lse, config)
+        return dq, jnp.concatenate([dkv, jnp.zeros_like(dkv)], axis=2)
+
+    def later(dout, query, kv, out, lse):
+        dq, dkv = grads(dout[:, half:], query[:, half:], kv[0], kv[1], out[:, half:], lse[:, :, half:], config)
+        return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dkv
+
+    return lax.cond(hop <= me, earlier, later, dout, query, kv, out, lse)

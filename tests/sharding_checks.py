@@ -1,0 +1,149 @@
+"""Multi-device checks of jax_flash's sharding support, run by test_sharding.py in a fresh process.
+
+Eight CPU devices need --xla_force_host_platform_device_count=8 before JAX starts, which the pytest process (where
+JAX is long initialised) cannot give. Usage: python sharding_checks.py {jit|shard_map|ring}; prints one JSON line, a
+list of results, each with the largest relative error of every output against the same computation unsharded on
+one device, and what the compiled program holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_flash  # noqa: E402
+
+BATCH, SEQ_Q, SEQ_K, HEAD_DIM = 4, 24, 40, 32
+OUTPUTS = ("out", "dq", "dk", "dv")
+
+
+def _mesh(shape, names, axis_type=AxisType.Auto):
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
+
+
+def _inputs(seed, heads_q, heads_kv, seq_q=SEQ_Q, seq_k=SEQ_K):
+    """q, k, v and the output cotangent, float32 numpy arrays."""
+    rng = np.random.default_rng(seed)
+    shapes = [(BATCH, seq_q, heads_q, HEAD_DIM), (BATCH, seq_k, heads_kv, HEAD_DIM),
+              (BATCH, seq_k, heads_kv, HEAD_DIM), (BATCH, seq_q, heads_q, HEAD_DIM)]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def _forward_and_gradients(attention):
+    """(q, k, v, cotangent) -> (out, dq, dk, dv): forward and backward in one program."""
+
+    def run(q, k, v, cotangent):
+        out, vjp = jax.vjp(attention, q, k, v)
+        return (out, *vjp(cotangent))
+
+    return run
+
+
+def _unsharded(is_causal, inputs):
+    attention = functools.partial(jax_flash.dot_product_attention, is_causal=is_causal)
+    return jax.jit(_forward_and_gradients(attention))(*inputs)
+
+
+def _result(name, got, want, compiled):
+    hlo = compiled.as_text()
+    return {
+        "check": name,
+        "devices": len(compiled.input_shardings[0][0].device_set),
+        "errors": {k: float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / np.max(np.abs(np.asarray(w))))
+                   for k, g, w in zip(OUTPUTS, got, want)},
+        "all_gather": "all-gather" in hlo,
+        "collective_permute": "collective-permute" in hlo,
+        "kernel_calls": hlo.count("jax_flash_attention_"),
+    }
+
+
+def _put(mesh, inputs, specs):
+    return [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(inputs, specs)]
+
+
+def jit_check(name, *, heads_q, heads_kv, q_spec, kv_spec, is_causal=False, axis_type=AxisType.Auto):
+    """jax.jit on NamedSharding inputs; also records the output's sharding, which must stay the query's."""
+    mesh = _mesh((4, 2), ("dp", "tp"), axis_type)
+    inputs = _inputs(len(name), heads_q, heads_kv)
+    sharded = _put(mesh, inputs, (q_spec, kv_spec, kv_spec, q_spec))
+    step = jax.jit(_forward_and_gradients(functools.partial(jax_flash.dot_product_attention, is_causal=is_causal)))
+    got = step(*sharded)
+    result = _result(name, got, _unsharded(is_causal, inputs), step.lower(*sharded).compile())
+    result["out_sharding_kept"] = got[0].sharding.is_equivalent_to(NamedSharding(mesh, q_spec), 4)
+    return result
+
+
+def shard_map_check(name, *, heads_q, heads_kv, q_spec, kv_spec, is_causal=False):
+    """dot_product_attention called per shard inside jax.shard_map (the kernel sees the local shapes)."""
+    mesh = _mesh((4, 2), ("dp", "tp"))
+    inputs = _inputs(len(name), heads_q, heads_kv)
+    attention = jax.shard_map(functools.partial(jax_flash.dot_product_attention, is_causal=is_causal), mesh=mesh,
+                              in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec)
+    step = jax.jit(_forward_and_gradients(attention))
+    sharded = _put(mesh, inputs, (q_spec, kv_spec, kv_spec, q_spec))
+    return _result(name, step(*sharded), _unsharded(is_causal, inputs), step.lower(*sharded).compile())
+
+
+def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64):
+    """ring_attention over the 'cp' axis (with batch over 'dp' on a 2-D mesh), zig-zag layout when causal."""
+    names = ("dp", "cp")[-len(mesh_shape):]
+    mesh = _mesh(mesh_shape, names)
+    spec = P("dp" if "dp" in names else None, "cp")
+    inputs = _inputs(len(name), heads_q, heads_kv, seq, seq)
+    order = jax_flash.zigzag_permutation(seq, mesh.shape["cp"]) if is_causal else np.arange(seq)
+    attention = jax.shard_map(
+        functools.partial(jax_flash.ring_attention, axis_name="cp", is_causal=is_causal), mesh=mesh,
+        in_specs=spec, out_specs=spec)
+    step = jax.jit(_forward_and_gradients(attention))
+    sharded = _put(mesh, [x[:, order] for x in inputs], (spec,) * 4)
+    got = [np.asarray(x)[:, np.argsort(order)] for x in step(*sharded)]
+    return _result(name, got, _unsharded(is_causal, inputs), step.lower(*sharded).compile())
+
+
+def _gspmd(check, **kwargs):
+    """The check under the GSPMD partitioner (jax_use_shardy_partitioner=False), which uses the callbacks."""
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        return check(**kwargs)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", True)
+
+
+GQA = dict(heads_q=4, heads_kv=2)
+BATCH_X_HEADS = dict(q_spec=P("dp", None, "tp"), kv_spec=P("dp", None, "tp"))
+
+GROUPS = {
+    "jit": lambda: [
+        jit_check("batch", **GQA, q_spec=P("dp"), kv_spec=P("dp")),
+        jit_check("heads", **GQA, q_spec=P(None, None, "tp"), kv_spec=P(None, None, "tp"), is_causal=True),
+        jit_check("batch_x_heads", **GQA, **BATCH_X_HEADS, is_causal=True),
+        jit_check("batch_x_heads_explicit_mesh", **GQA, **BATCH_X_HEADS, axis_type=AxisType.Explicit),
+        _gspmd(jit_check, name="batch_x_heads_gspmd", **GQA, **BATCH_X_HEADS, is_causal=True),
+        # Query heads split further than kv heads: the second axis splits each kv head's query group.
+        jit_check("gqa_group_split", heads_q=8, heads_kv=2, q_spec=P(None, None, ("tp", "dp")),
+                  kv_spec=P(None, None, "tp")),
+        jit_check("mqa_kv_replicated", heads_q=4, heads_kv=1, q_spec=P("dp", None, "tp"), kv_spec=P("dp")),
+    ],
+    "shard_map": lambda: [
+        shard_map_check("batch_x_heads", **GQA, **BATCH_X_HEADS, is_causal=True),
+        # K/V replicated over 'tp' while the query heads are split: their gradients must be summed over 'tp'.
+        shard_map_check("mqa_kv_replicated", heads_q=4, heads_kv=1, q_spec=P("dp", None, "tp"), kv_spec=P("dp")),
+    ],
+    "ring": lambda: [
+        ring_check("ring", mesh_shape=(8,), is_causal=False),
+        ring_check("ring_causal", mesh_shape=(8,), is_causal=True),
+        ring_check("ring_causal_batch_x_sequence", mesh_shape=(2, 4), is_causal=True, heads_q=2, heads_kv=2),
+    ],
+}
+
+if __name__ == "__main__":
+    print(json.dumps(GROUPS[sys.argv[1]]()))
