@@ -129,3 +129,19 @@ def test_ring_merge_of_rows_without_keys():
     np.testing.assert_allclose(merged_out[0, 0], weight * 1.0 + (1 - weight) * 2.0, rtol=1e-6)
     np.testing.assert_allclose(merged_out[0, 1], 2.0, rtol=1e-6)
     np.testing.assert_allclose(merged_lse, [[[np.logaddexp(0.5, 0.0), 0.0]]], rtol=1e-6)
+
+
+_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "sharding.md"
+
+
+@pytest.mark.skipif(not _GUIDE.exists(), reason="docs/sharding.md is not beside the tests (installed test run)")
+def test_sharding_guide_snippets_run():
+    """Each python block of docs/sharding.md runs as written, in its own process (the blocks set up fake devices)."""
+    text = _GUIDE.read_text()
+    snippets = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    assert len(snippets) >= 2
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for snippet in snippets:
+        done = subprocess.run([sys.executable, "-c", snippet], env=env, capture_output=True, text=True, timeout=600,
+                              cwd=Path(__file__).parent)
+        assert done.returncode == 0, f"guide snippet failed:\n{snippet}\n{done.stderr[-3000:]}"
