@@ -103,19 +103,16 @@ def _fold_vmap_axis(args, dims):
     return size, folded
 
 
-def _unfold(size, results):
-    return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in results]
+def _batch_rule(primitive):
+    """vmap of `primitive`: one call on the folded batch, every result mapped on axis 0."""
+
+    def rule(args, dims, *, config):
+        size, folded = _fold_vmap_axis(args, dims)
+        results = primitive.bind(*folded, config=config)
+        return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in results], [0] * len(results)
+
+    return rule
 
 
-def _fwd_batch(args, dims, *, config):
-    size, folded = _fold_vmap_axis(args, dims)
-    return _unfold(size, attention_fwd_p.bind(*folded, config=config)), [0, 0]
-
-
-def _bwd_batch(args, dims, *, config):
-    size, folded = _fold_vmap_axis(args, dims)
-    return _unfold(size, attention_bwd_p.bind(*folded, config=config)), [0, 0, 0]
-
-
-batching.primitive_batchers[attention_fwd_p] = _fwd_batch
-batching.primitive_batchers[attention_bwd_p] = _bwd_batch
+batching.primitive_batchers[attention_fwd_p] = _batch_rule(attention_fwd_p)
+batching.primitive_batchers[attention_bwd_p] = _batch_rule(attention_bwd_p)

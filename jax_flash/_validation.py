@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import jax
@@ -74,3 +75,12 @@ def window_bounds(local_window_size, is_causal: bool) -> tuple[int, int]:
     if is_causal:
         right = 0
     return left, right
+
+
+def scale_and_softcap(head_dim: int, scale, softcap) -> tuple[float, float]:
+    """The softmax scale (default 1/sqrt(head_dim)) and soft-cap (0 = off) as concrete floats."""
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else concrete_float("scale", scale)
+    softcap = 0.0 if softcap is None else concrete_float("softcap", softcap)
+    if softcap < 0:
+        raise ValueError(f"softcap must be positive, or None/0 for no capping, got {softcap}")
+    return scale, softcap

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 
@@ -64,11 +63,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         if arg is not None:
             raise NotImplementedError(f"jax_flash.dot_product_attention does not accept {name}: {instead}")
     _validation.check_qkv(query, key, value)
-    head_dim = query.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else _validation.concrete_float("scale", scale)
-    softcap = 0.0 if softcap is None else _validation.concrete_float("softcap", softcap)
-    if softcap < 0:
-        raise ValueError(f"softcap must be positive, or None/0 for no capping, got {softcap}")
+    scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
     window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
     config = AttentionConfig(scale, window_left, window_right, softcap)
 

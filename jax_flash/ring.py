@@ -15,7 +15,6 @@ but only its first chunk is in their past, and that of a later device is seen on
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -60,10 +59,7 @@ def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, sca
     if is_causal and (query.shape[1] != key.shape[1] or query.shape[1] % 2):
         raise ValueError(f"causal ring_attention needs query and key blocks of the same even length (two zig-zag "
                          f"chunks each, see zigzag_permutation), got {query.shape[1]} and {key.shape[1]}")
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else _validation.concrete_float("scale", scale)
-    softcap = 0.0 if softcap is None else _validation.concrete_float("softcap", softcap)
-    if softcap < 0:
-        raise ValueError(f"softcap must be positive, or None/0 for no capping, got {softcap}")
+    scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
     config = AttentionConfig(scale, softcap=softcap)
     return _ring(*_jax_internals.match_varying_axes(query, key, value), axis_name, bool(is_causal), config)
 
