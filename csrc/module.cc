@@ -20,6 +20,8 @@ NB_MODULE(_jax_flash_ext, m) {
     nb::dict handlers;
     handlers["jax_flash_attention_fwd_cpu"] = handler_capsule(jax_flash_attention_forward_cpu);
     handlers["jax_flash_attention_bwd_cpu"] = handler_capsule(jax_flash_attention_backward_cpu);
+    handlers["jax_flash_decode_cpu"] = handler_capsule(jax_flash_decode_cpu);
+    handlers["jax_flash_kv_cache_update_cpu"] = handler_capsule(jax_flash_kv_cache_update_cpu);
     return handlers;
   });
   m.def("cuda_handlers", [] {
@@ -27,6 +29,8 @@ NB_MODULE(_jax_flash_ext, m) {
 #ifdef JAX_FLASH_WITH_CUDA
     handlers["jax_flash_attention_fwd_cuda"] = handler_capsule(jax_flash_attention_forward_cuda);
     handlers["jax_flash_attention_bwd_cuda"] = handler_capsule(jax_flash_attention_backward_cuda);
+    handlers["jax_flash_decode_cuda"] = handler_capsule(jax_flash_decode_cuda);
+    handlers["jax_flash_kv_cache_update_cuda"] = handler_capsule(jax_flash_kv_cache_update_cuda);
 #endif
     return handlers;
   });

@@ -1,0 +1,30 @@
+// Launch interface of the CUDA decode kernels (split-KV flash-decoding) and of the in-place KV cache update. The
+// FFI handlers call only these functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../decode_params.h"
+
+namespace jax_flash {
+
+// How a decode call is spread over the GPU: the key range of every (sequence, kv head) is split `splits` ways, and
+// with more than one split the partial results go through `workspace_bytes` of device scratch.
+struct DecodePlan {
+  int64_t splits;
+  size_t workspace_bytes;
+};
+
+// Chooses the plan from the shape and the SM count of the current device (read once per device, then cached).
+cudaError_t plan_decode(const DecodeParams& params, DecodePlan* plan);
+
+// Returns the launch error (never synchronizes the stream). `workspace` holds plan.workspace_bytes, allocated by
+// the caller through XLA.
+cudaError_t launch_decode(const DecodeParams& params, const DecodePlan& plan, void* workspace, cudaStream_t stream);
+
+cudaError_t launch_kv_cache_update(const KvCacheUpdateParams& params, cudaStream_t stream);
+
+}  // namespace jax_flash

@@ -1,0 +1,148 @@
+"""The decode and KV-cache-update primitives: abstract evaluation, lowering to the FFI targets, and batching.
+
+Both see the cache as a page pool [num_pages, page_size, kv_heads, head_dim] with a page table [batch, pages_per_seq]
+int32 (jax_flash.decode passes a contiguous cache as one page per sequence), so there is one kernel per op:
+
+  decode(q, k_pool, v_pool, lengths, page_table) -> (out, lse)        q/out [batch, q_len, heads, head_dim],
+                                                                      lse [batch, heads, q_len] float32
+  kv_cache_update(k_pool, v_pool, new_k, new_v, positions, page_table) -> (k_pool, v_pool), updated in place: the
+                                                                      results alias the first two operands.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_flash import _ffi
+from jax_flash._config import AttentionConfig
+from jax_flash._primitives import _check_platform
+
+decode_p = Primitive("jax_flash_decode")
+decode_p.multiple_results = True
+kv_cache_update_p = Primitive("jax_flash_kv_cache_update")
+kv_cache_update_p.multiple_results = True
+
+
+def _decode_abstract_eval(q, k, v, lengths, page_table, *, config: AttentionConfig):
+    del k, v, lengths, page_table, config  # validated by jax_flash.decode before binding
+    batch, q_len, heads, _ = q.shape
+    return q.update(weak_type=False), jax.core.ShapedArray((batch, heads, q_len), jnp.float32)
+
+
+def _update_abstract_eval(k, v, new_k, new_v, positions, page_table):
+    del new_k, new_v, positions, page_table
+    return k.update(weak_type=False), v.update(weak_type=False)
+
+
+decode_p.def_abstract_eval(_decode_abstract_eval)
+kv_cache_update_p.def_abstract_eval(_update_abstract_eval)
+
+
+def _compiled_impl(primitive):
+    """Eager calls compile the primitive alone, as jax does for its own primitives."""
+
+    def impl(*args, **params):
+        return jax.jit(lambda *a: primitive.bind(*a, **params))(*args)
+
+    return impl
+
+
+decode_p.def_impl(_compiled_impl(decode_p))
+kv_cache_update_p.def_impl(_compiled_impl(kv_cache_update_p))
+
+
+def _decode_lowering(platform: str):
+    target = _ffi.target_name("decode", platform)
+
+    def rule(ctx, *operands, config: AttentionConfig):
+        q = ctx.avals_in[0]
+        _check_platform(platform, q.shape[-1])
+        batch, q_len, heads, _ = q.shape
+        call = jax.ffi.ffi_call(target, (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                                         jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)))
+        return mlir.lower_fun(lambda *args: call(*args, **config.ffi_attributes()), multiple_results=True)(
+            ctx, *operands)
+
+    return rule
+
+
+def _update_lowering(platform: str):
+    target = _ffi.target_name("kv_cache_update", platform)
+
+    def rule(ctx, *operands):
+        k, v = ctx.avals_in[:2]
+        _check_platform(platform, k.shape[-1])
+        results = (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype))
+        call = jax.ffi.ffi_call(target, results, input_output_aliases={0: 0, 1: 1})
+        return mlir.lower_fun(call, multiple_results=True)(ctx, *operands)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(decode_p, _decode_lowering(_platform), platform=_platform)
+    mlir.register_lowering(kv_cache_update_p, _update_lowering(_platform), platform=_platform)
+
+
+# Batching: the vmapped axis (size n) is merged into the batch axis. Per-sequence operands (query, lengths or
+# positions, new rows, page table) become [n * batch, ...]; the page pools become [n * pages, ...] with each vmapped
+# table shifted to its own pool's pages. A pool that is not vmapped while other operands are stays shared for
+# decode (it is only read) and is copied per instance for the update (each instance gets its own updated cache).
+
+
+def _leading(x, dim, size):
+    """x with the vmapped axis at 0, broadcast to `size` when x is not mapped (dim None)."""
+    return jnp.broadcast_to(x, (size, *x.shape)) if dim is None else jnp.moveaxis(x, dim, 0)
+
+
+def _merge(x):
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _vmapped_size(args, dims):
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped: bool):
+    """(k, v, table) with the vmapped axis merged; pools merged when mapped (or when they may not be shared)."""
+    if share_unmapped and k_dim is None and v_dim is None:
+        return k, v, _merge(_leading(table, table_dim, size))
+    k, v, table = (_leading(x, d, size) for x, d in ((k, k_dim), (v, v_dim), (table, table_dim)))
+    num_pages = k.shape[1]
+    offsets = (jnp.arange(size, dtype=table.dtype) * num_pages)[:, None, None]
+    return _merge(k), _merge(v), _merge(table + offsets)
+
+
+def _decode_batch(args, dims, *, config):
+    q, k, v, lengths, table = args
+    q_dim, k_dim, v_dim, lengths_dim, table_dim = dims
+    size = _vmapped_size(args, dims)
+    k, v, table = _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped=True)
+    q, lengths = _merge(_leading(q, q_dim, size)), _merge(_leading(lengths, lengths_dim, size))
+    out, lse = decode_p.bind(q, k, v, lengths, table, config=config)
+    return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in (out, lse)], [0, 0]
+
+
+def _update_batch(args, dims):
+    k, v, new_k, new_v, positions, table = args
+    k_dim, v_dim, new_k_dim, new_v_dim, positions_dim, table_dim = dims
+    size = _vmapped_size(args, dims)
+    pages = k.shape[0 if k_dim is None else 1]
+    k, v, table = _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped=False)
+    new_k, new_v, positions = (_merge(_leading(x, d, size))
+                               for x, d in ((new_k, new_k_dim), (new_v, new_v_dim), (positions, positions_dim)))
+    k, v = kv_cache_update_p.bind(k, v, new_k, new_v, positions, table)
+    return [x.reshape(size, pages, *x.shape[1:]) for x in (k, v)], [0, 0]
+
+
+batching.primitive_batchers[decode_p] = _decode_batch
+batching.primitive_batchers[kv_cache_update_p] = _update_batch
+
+
+def identity_page_table(batch: int):
+    """The page table that makes a contiguous cache [batch, max_len, ...] a pool of one page per sequence."""
+    return jnp.asarray(np.arange(batch, dtype=np.int32)[:, None])
