@@ -44,6 +44,14 @@ JAX_FLASH_HOST_DEVICE int64_t end_row_seeing(const AttentionMask& m, int64_t key
   return i < seqlen_q ? i : seqlen_q;
 }
 
+// Whether every query row in [row_begin, row_end) sees every key in [key_begin, key_end) under the window, so a
+// tile of them needs no per-element mask. Keys past seqlen_k are the caller's concern.
+JAX_FLASH_HOST_DEVICE bool tile_inside_window(const AttentionMask& m, int64_t row_begin, int64_t row_end,
+                                              int64_t key_begin, int64_t key_end) {
+  return (m.window_left < 0 || key_begin >= row_end - 1 - m.window_left) &&
+         (m.window_right < 0 || key_end - 1 <= row_begin + m.window_right);
+}
+
 // Logit after the optional soft-cap; `raw` is already multiplied by the softmax scale.
 JAX_FLASH_HOST_DEVICE float capped_logit(float raw, float softcap) {
   return softcap > 0.f ? softcap * tanhf(raw / softcap) : raw;

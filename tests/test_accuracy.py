@@ -47,7 +47,7 @@ class Case(NamedTuple):
 def _cases():
     cases = []
     # Head dims x dtypes. Causal and GQA vary along the sweep.
-    for i, head_dim in enumerate((32, 40, 64, 80, 96, 128, 256)):
+    for i, head_dim in enumerate((32, 40, 64, 80, 96, 128, 160, 192, 256)):
         for j, dtype in enumerate(("float32", "bfloat16", "float16")):
             seq_q, seq_k = ((113, 113), (17, 113), (113, 17))[(i + j) % 3]
             cases.append(Case(seq_q, seq_k, 2, (2, 1)[(i + j) % 2], head_dim, dtype, is_causal=bool((i + j) % 2),
@@ -92,6 +92,10 @@ _SLOW_CASES = [
     Case(1000, 1000, 2, 2, 32, "bfloat16", window=(128, 128), softcap=20.0, batch=1),
     Case(1000, 1000, 8, 1, 64, "float32", is_causal=True, window=(200, 0), batch=1),
     Case(17, 1000, 4, 1, 256, "float16", softcap=10.0, batch=1),
+    Case(1000, 1000, 4, 1, 128, "bfloat16", is_causal=True, batch=1),
+    Case(1000, 777, 4, 2, 96, "float16", window=(100, 30), softcap=30.0, batch=1),
+    Case(777, 1000, 2, 2, 192, "bfloat16", is_causal=True, batch=1),
+    Case(1000, 1000, 2, 1, 256, "bfloat16", window=(300, 0), batch=1),
 ]
 
 

@@ -1,6 +1,5 @@
 // Simple attention backward, deterministic and free of atomics: every gradient row is summed by the one warp that
-// owns it, in a fixed order. Three kernels on one stream:
-//   delta:  delta_i = dout_i . out_i, the softmax-backward term every key of row i shares (kept in the workspace);
+// owns it, in a fixed order. After the delta kernel of backward_delta.h, two kernels on one stream:
 //   dk/dv:  a warp per key row j walks the query rows of its GQA group that see it;
 //   dq:     a warp per query row i walks the keys it sees.
 // Both gradient kernels recompute p_ij = exp(capped_ij - lse_i) and
@@ -12,6 +11,7 @@
 
 #include "../attention_mask.h"
 #include "attention_simple.h"
+#include "backward_delta.h"
 #include "dispatch.cuh"
 #include "grid.cuh"
 #include "warp_rows.cuh"
@@ -39,31 +39,6 @@ __device__ __forceinline__ ScoreGradient score_gradient(const AttentionBackwardP
   const float capped = capped_logit(params.scale * qk, params.mask.softcap);
   const float prob = expf(capped - row_lse);
   return {prob, prob * (dout_v - row_delta) * capped_logit_slope(capped, params.mask.softcap)};
-}
-
-template <typename Element, int kMaxHeadDim>
-__global__ void __launch_bounds__(kThreadsPerBlock, 1)
-    attention_backward_delta_kernel(AttentionBackwardParams params, float* delta) {
-  constexpr int kDims = kDimsPerLane<kMaxHeadDim>;
-  const AttentionShape& shape = params.shape;
-  const int head_dim = static_cast<int>(shape.head_dim);
-
-  // A warp per row of dout / out, taken in their [batch, seq, heads] memory order.
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp_id();
-  if (row >= shape.batch * shape.seqlen_q * shape.heads_q) return;
-  float dout[kDims];
-  float out[kDims];
-  load_lane_row(static_cast<const Element*>(params.dout) + row * head_dim, head_dim, dout);
-  load_lane_row(static_cast<const Element*>(params.out) + row * head_dim, head_dim, out);
-  float partial = 0.f;
-#pragma unroll
-  for (int slot = 0; slot < kDims; ++slot) partial += dout[slot] * out[slot];
-  const float row_delta = warp_sum(partial);
-
-  const int64_t head = row % shape.heads_q;
-  const int64_t query = row / shape.heads_q % shape.seqlen_q;
-  const int64_t batch = row / (shape.heads_q * shape.seqlen_q);
-  if (lane_id() == 0) delta[stat_index(shape, batch, head, query)] = row_delta;
 }
 
 template <typename Element, int kMaxHeadDim>
@@ -195,24 +170,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 
 }  // namespace
 
-size_t attention_backward_simple_workspace_bytes(const AttentionShape& shape) {
-  return sizeof(float) * static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
-}
-
 cudaError_t attention_backward_simple(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const AttentionShape& shape = params.shape;
   auto* delta = static_cast<float*>(workspace);
-  const int64_t delta_blocks = blocks_covering(shape.batch * shape.seqlen_q * shape.heads_q);
+  // Stream order makes delta complete before the gradient kernels read it.
+  if (const cudaError_t error = launch_backward_delta(params, delta, stream); error != cudaSuccess) return error;
   const int64_t dkdv_blocks = shape.batch * shape.heads_kv * blocks_covering(shape.seqlen_k);
   const int64_t dq_blocks = shape.batch * shape.heads_q * blocks_covering(shape.seqlen_q);
   return dispatch_element_and_head_dim(params.dtype, shape.head_dim, [&](auto element, auto bucket) {
     using Element = typename decltype(element)::type;
     constexpr int kMaxHeadDim = decltype(bucket)::value;
-    // Stream order makes delta complete before the gradient kernels read it.
-    cudaError_t error =
-        launch_blocks(attention_backward_delta_kernel<Element, kMaxHeadDim>, delta_blocks, stream, params, delta);
-    if (error != cudaSuccess) return error;
-    error = launch_blocks(attention_backward_dkdv_kernel<Element, kMaxHeadDim>, dkdv_blocks, stream, params, delta);
+    cudaError_t error = launch_blocks(attention_backward_dkdv_kernel<Element, kMaxHeadDim>, dkdv_blocks, stream, params, delta);
     if (error != cudaSuccess) return error;
     return launch_blocks(attention_backward_dq_kernel<Element, kMaxHeadDim>, dq_blocks, stream, params, delta);
   });

@@ -14,8 +14,7 @@ namespace jax_flash::cuda_kernels {
 
 cudaError_t attention_forward_simple(const AttentionForwardParams& params, cudaStream_t stream);
 
-size_t attention_backward_simple_workspace_bytes(const AttentionShape& shape);
-
+// `workspace` holds backward_delta_bytes(shape) (backward_delta.h).
 cudaError_t attention_backward_simple(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 
 }  // namespace jax_flash::cuda_kernels

@@ -1,10 +1,12 @@
-// The launch interface of attention_cuda.h: rejects calls no kernel supports, then routes the rest to a kernel.
-// Only the simple kernels exist so far; faster ones will be chosen here by shape without changing the interface.
+// The launch interface of attention_cuda.h: rejects calls no kernel supports, then routes the rest by dtype:
+// fp16 and bf16 run on the tensor-core kernels, float32 on the simple CUDA-core kernels.
 #include "attention_cuda.h"
 
 #include <cstdint>
 
 #include "attention_simple.h"
+#include "backward_delta.h"
+#include "tensor_core/tensor_core.h"
 
 namespace jax_flash {
 namespace {
@@ -24,17 +26,19 @@ bool supported(const AttentionShape& shape) {
 cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaStream_t stream) {
   const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v);
   if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
-  return cuda_kernels::attention_forward_simple(params, stream);
+  if (params.dtype == DType::kFloat32) return cuda_kernels::attention_forward_simple(params, stream);
+  return cuda_kernels::tensor_core::forward(params, stream);
 }
 
 size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
-  return cuda_kernels::attention_backward_simple_workspace_bytes(shape);
+  return cuda_kernels::backward_delta_bytes(shape);
 }
 
 cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v) && aligned_16(params.dout);
   if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
-  return cuda_kernels::attention_backward_simple(params, workspace, stream);
+  if (params.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(params, workspace, stream);
+  return cuda_kernels::tensor_core::backward(params, workspace, stream);
 }
 
 }  // namespace jax_flash

@@ -15,6 +15,10 @@ constexpr PlatformLimits kCudaLimits{256, 8};
 
 ffi::Error launch_status(const char* what, cudaError_t status) {
   if (status == cudaSuccess) return ffi::Error::Success();
+  if (status == cudaErrorNotSupported)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      std::string("jax_flash: ") + what + ": this build has no CUDA kernel for this dtype and head_dim "
+                      "(it was pruned with JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES at build time)");
   return ffi::Error::Internal(std::string("jax_flash: ") + what + " failed: " + cudaGetErrorString(status));
 }
 

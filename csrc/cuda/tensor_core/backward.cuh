@@ -1,0 +1,345 @@
+// The tensor-core backward, deterministic and free of atomics: every gradient element is summed in registers by
+// the one warp that owns it, in a fixed order, so gradients are bitwise identical run to run.
+//
+// After delta_i = dout_i . out_i (backward_delta.h), two kernels recompute the probabilities from q, k and the
+// forward's lse, each from its own side:
+//   dk/dv: a block owns kBlockN keys of one kv head, a warp 16 of them, and walks every query block of every query
+//          head of the GQA group that sees them (so k and v are read once and dk, dv summed over the group):
+//            s^T = k q^T, dp^T = v dout^T, p^T = exp2(s^T - lse), ds^T = p^T (dp^T - delta) slope,
+//            dv += p^T dout, dk += ds^T q.
+//          Head dims whose two accumulators would not fit in registers run it twice, once per gradient.
+//   dq:    a block owns query rows like the forward and walks the visible key blocks, double-buffered:
+//            s = q k^T, dp = dout v^T, ds = p (dp - delta) slope, dq += ds k.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../../attention_mask.h"
+#include "../../attention_params.h"
+#include "../backward_delta.h"
+#include "logits.cuh"
+#include "generated/tile_configs.h"
+#include "launch_with_smem.cuh"
+#include "smem_tile.cuh"
+#include "warp_mma.cuh"
+
+namespace jax_flash::cuda_kernels::tensor_core {
+
+// Which gradients one pass of the dk/dv kernel accumulates.
+enum class KeyGradients { kBoth, kValueOnly, kKeyOnly };
+
+template <typename Element, int kHeadDim>
+struct KeyGradientLayout {
+  using Config = KeyGradientConfig<kHeadDim>;
+  static constexpr int kThreads = Config::kWarps * 32;
+  static constexpr int kBlockN = Config::kWarps * 16;
+  static constexpr int kBlockM = Config::kBlockM;
+  using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
+  using QTile = SmemTile<Element, kBlockM, kHeadDim>;
+  // k, v, then two buffers each of q, dout, the rows' base-2 lse and delta.
+  static constexpr int kSmemBytes =
+      2 * KVTile::kBytes + 4 * QTile::kBytes + 4 * kBlockM * static_cast<int>(sizeof(float));
+};
+
+template <typename Element, int kHeadDim, KeyGradients kWhich>
+__global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads)
+    attention_backward_dkdv_kernel(const AttentionBackwardParams params, const float* delta) {
+  using Layout = KeyGradientLayout<Element, kHeadDim>;
+  constexpr int kThreads = Layout::kThreads;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kBlockN = Layout::kBlockN;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kMTiles = kBlockM / 8;  // queries are the columns of s^T
+  constexpr bool kValue = kWhich != KeyGradients::kKeyOnly;
+  constexpr bool kKey = kWhich != KeyGradients::kValueOnly;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  using KVTile = typename Layout::KVTile;
+  using QTile = typename Layout::QTile;
+  const KVTile k_tile{reinterpret_cast<Element*>(shared_bytes)};
+  const KVTile v_tile{k_tile.data + KVTile::kElements};
+  // Buffer b of q is q_tiles + b * QTile::kElements; dout, lse and delta follow the same pattern.
+  Element* const q_tiles = v_tile.data + KVTile::kElements;
+  Element* const dout_tiles = q_tiles + 2 * QTile::kElements;
+  float* const lse_log2_rows = reinterpret_cast<float*>(dout_tiles + 2 * QTile::kElements);
+  float* const delta_rows = lse_log2_rows + 2 * kBlockM;
+
+  const AttentionShape& shape = params.shape;
+  const AttentionMask& mask = params.mask;
+  const int head_dim = static_cast<int>(shape.head_dim);
+  // Under a causal mask the first key blocks are seen by the most queries; they come first.
+  const int64_t n_blocks = (shape.seqlen_k + kBlockN - 1) / kBlockN;
+  const int64_t block = blockIdx.x;
+  const int64_t n_block = block % n_blocks;
+  const int64_t kv_head = block / n_blocks % shape.heads_kv;
+  const int64_t batch = block / (n_blocks * shape.heads_kv);
+  const int64_t key0 = n_block * kBlockN;
+  const int64_t keys = shape.seqlen_k - key0 < kBlockN ? shape.seqlen_k - key0 : kBlockN;
+  const int64_t group = (shape.heads_q / shape.heads_kv);
+
+  const int64_t q_stride = shape.heads_q * head_dim;
+  const int64_t kv_stride = shape.heads_kv * head_dim;
+  const int64_t kv_offset = ((batch * shape.seqlen_k + key0) * shape.heads_kv + kv_head) * head_dim;
+  k_tile.template load_async<kThreads>(static_cast<const Element*>(params.k) + kv_offset, kv_stride, keys, head_dim);
+  if (kKey)
+    v_tile.template load_async<kThreads>(static_cast<const Element*>(params.v) + kv_offset, kv_stride, keys,
+                                         head_dim);
+
+  const int64_t query_begin = first_row_seeing(mask, key0);
+  const int64_t query_end = end_row_seeing(mask, key0 + keys, shape.seqlen_q);
+  const int64_t m_first = query_begin / kBlockM;
+  const int64_t m_count = query_end > query_begin ? (query_end + kBlockM - 1) / kBlockM - m_first : 0;
+  const int64_t steps = m_count * group;  // (query head, query block) pairs, query blocks innermost
+
+  // Stages step `step`'s q and dout rows with their lse and delta into buffer `buffer`.
+  const auto stage = [&](int64_t step, int buffer) {
+    const int64_t head = kv_head * group + step / m_count;
+    const int64_t query0 = (m_first + step % m_count) * kBlockM;
+    const int64_t offset = ((batch * shape.seqlen_q + query0) * shape.heads_q + head) * head_dim;
+    const int64_t rows = shape.seqlen_q - query0;
+    QTile{q_tiles + buffer * QTile::kElements}.template load_async<kThreads>(
+        static_cast<const Element*>(params.q) + offset, q_stride, rows, head_dim);
+    QTile{dout_tiles + buffer * QTile::kElements}.template load_async<kThreads>(
+        static_cast<const Element*>(params.dout) + offset, q_stride, rows, head_dim);
+    for (int r = static_cast<int>(threadIdx.x); r < kBlockM; r += kThreads) {
+      const bool valid = r < rows;
+      const int64_t stat = (batch * shape.heads_q + head) * shape.seqlen_q + query0 + r;
+      lse_log2_rows[buffer * kBlockM + r] = backward_lse_log2(valid, valid ? params.lse[stat] : 0.f);
+      delta_rows[buffer * kBlockM + r] = valid ? delta[stat] : 0.f;
+    }
+  };
+  if (steps > 0) stage(0, 0);
+  cp_async_commit();
+
+  const int warp_key = static_cast<int>(threadIdx.x) / 32 * 16;
+  const LogitTransform logit(params.scale, mask.softcap);
+  float dk[1][kDTiles][4] = {};
+  float dv[1][kDTiles][4] = {};
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const int buffer = static_cast<int>(step % 2);
+    cp_async_wait<0>();
+    __syncthreads();  // this step's rows have landed, and every warp is done with the other buffer
+    if (step + 1 < steps) stage(step + 1, buffer ^ 1);
+    cp_async_commit();
+    const QTile q_tile{q_tiles + buffer * QTile::kElements};
+    const QTile dout_tile{dout_tiles + buffer * QTile::kElements};
+    const float* lse_log2 = lse_log2_rows + buffer * kBlockM;
+    const float* row_delta = delta_rows + buffer * kBlockM;
+    const int64_t query0 = (m_first + step % m_count) * kBlockM;
+
+    float s[1][kMTiles][4] = {};
+    mma_rows_by_rows<Element, 1, kMTiles, kHeadDim / 16>(s, k_tile, warp_key, q_tile, 0);
+    float dp[1][kMTiles][4] = {};
+    if (kKey) mma_rows_by_rows<Element, 1, kMTiles, kHeadDim / 16>(dp, v_tile, warp_key, dout_tile, 0);
+
+    const bool unmasked = tile_inside_window(mask, query0, query0 + kBlockM, key0, key0 + kBlockN);
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const AccumulatorIndex at = accumulator_index(0, j, e);  // row: key, column: query
+        const Logit x = logit.with_slope(s[0][j][e]);
+        float p = exp2_fast(x.log2_value - lse_log2[at.column]);
+        if (!unmasked && !key_visible(mask, query0 + at.column, key0 + warp_key + at.row)) p = 0.f;
+        s[0][j][e] = p;
+        if (kKey) dp[0][j][e] = p * (dp[0][j][e] - row_delta[at.column]) * x.slope;
+      }
+    }
+    if (kValue) {
+      uint32_t p_operand[1][kMTiles / 2][4];
+      accumulator_to_operand<Element>(s, p_operand);
+      mma_registers_by_columns<Element, 1, kDTiles, kMTiles / 2>(dv, p_operand, dout_tile, 0);
+    }
+    if (kKey) {
+      uint32_t ds_operand[1][kMTiles / 2][4];
+      accumulator_to_operand<Element>(dp, ds_operand);
+      mma_registers_by_columns<Element, 1, kDTiles, kMTiles / 2>(dk, ds_operand, q_tile, 0);
+    }
+  }
+  cp_async_wait<0>();
+
+  const int lane = lane_index();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t key = key0 + warp_key + lane / 4 + 8 * h;
+    if (key >= shape.seqlen_k) continue;
+    const int64_t offset = ((batch * shape.seqlen_k + key) * shape.heads_kv + kv_head) * head_dim;
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d) {
+      const int column = 8 * d + lane % 4 * 2;
+      if (column >= head_dim) continue;
+      if (kKey)
+        *reinterpret_cast<uint32_t*>(static_cast<Element*>(params.dk) + offset + column) =
+            pack_pair<Element>(dk[0][d][2 * h] * params.scale, dk[0][d][2 * h + 1] * params.scale);
+      if (kValue)
+        *reinterpret_cast<uint32_t*>(static_cast<Element*>(params.dv) + offset + column) =
+            pack_pair<Element>(dv[0][d][2 * h], dv[0][d][2 * h + 1]);
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+struct QueryGradientLayout {
+  using Config = QueryGradientConfig<kHeadDim>;
+  static constexpr int kThreads = Config::kWarps * 32;
+  static constexpr int kBlockM = Config::kWarps * 16;
+  static constexpr int kBlockN = Config::kBlockN;
+  using QTile = SmemTile<Element, kBlockM, kHeadDim>;
+  using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
+  // q, dout, then two buffers each of k and v.
+  static constexpr int kSmemBytes = 2 * QTile::kBytes + 4 * KVTile::kBytes;
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThreads)
+    attention_backward_dq_kernel(const AttentionBackwardParams params, const float* delta) {
+  using Layout = QueryGradientLayout<Element, kHeadDim>;
+  constexpr int kThreads = Layout::kThreads;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kBlockN = Layout::kBlockN;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kNTiles = kBlockN / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  using QTile = typename Layout::QTile;
+  using KVTile = typename Layout::KVTile;
+  const QTile q_tile{reinterpret_cast<Element*>(shared_bytes)};
+  const QTile dout_tile{q_tile.data + QTile::kElements};
+  // Buffer b of k is k_tiles + b * KVTile::kElements, of v likewise.
+  Element* const k_tiles = dout_tile.data + QTile::kElements;
+  Element* const v_tiles = k_tiles + 2 * KVTile::kElements;
+
+  const AttentionShape& shape = params.shape;
+  const AttentionMask& mask = params.mask;
+  const int head_dim = static_cast<int>(shape.head_dim);
+  const int64_t m_blocks = (shape.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t block = blockIdx.x;
+  const int64_t m_block = m_blocks - 1 - block % m_blocks;
+  const int64_t head = block / m_blocks % shape.heads_q;
+  const int64_t batch = block / (m_blocks * shape.heads_q);
+  const int64_t kv_head = head / (shape.heads_q / shape.heads_kv);
+  const int64_t row_begin = m_block * kBlockM;
+  const int64_t rows = shape.seqlen_q - row_begin < kBlockM ? shape.seqlen_q - row_begin : kBlockM;
+
+  const int64_t q_stride = shape.heads_q * head_dim;
+  const int64_t kv_stride = shape.heads_kv * head_dim;
+  const int64_t q_offset = ((batch * shape.seqlen_q + row_begin) * shape.heads_q + head) * head_dim;
+  const int64_t kv_offset = (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
+  const Element* k = static_cast<const Element*>(params.k) + kv_offset;
+  const Element* v = static_cast<const Element*>(params.v) + kv_offset;
+
+  const int64_t key_begin = first_visible_key(mask, row_begin);
+  const int64_t key_end = end_visible_key(mask, row_begin + rows, shape.seqlen_k);
+  const int64_t n_begin = key_begin / kBlockN;
+  const int64_t n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
+
+  const auto stage = [&](int64_t n, int buffer) {
+    const int64_t key0 = n * kBlockN;
+    KVTile{k_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(k + key0 * kv_stride, kv_stride,
+                                                                               shape.seqlen_k - key0, head_dim);
+    KVTile{v_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(v + key0 * kv_stride, kv_stride,
+                                                                               shape.seqlen_k - key0, head_dim);
+  };
+  q_tile.template load_async<kThreads>(static_cast<const Element*>(params.q) + q_offset, q_stride, rows, head_dim);
+  dout_tile.template load_async<kThreads>(static_cast<const Element*>(params.dout) + q_offset, q_stride, rows,
+                                          head_dim);
+  if (n_begin < n_end) stage(n_begin, 0);
+  cp_async_commit();
+
+  const int warp_row = static_cast<int>(threadIdx.x) / 32 * 16;
+  const int lane = lane_index();
+  float lse_log2[2];
+  float row_delta[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row_begin + warp_row + lane / 4 + 8 * h;
+    const bool valid = row < shape.seqlen_q;
+    const int64_t stat = (batch * shape.heads_q + head) * shape.seqlen_q + row;
+    lse_log2[h] = backward_lse_log2(valid, valid ? params.lse[stat] : 0.f);
+    row_delta[h] = valid ? delta[stat] : 0.f;
+  }
+  const LogitTransform logit(params.scale, mask.softcap);
+  float dq[1][kDTiles][4] = {};
+
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int buffer = static_cast<int>((n - n_begin) % 2);
+    const int64_t key0 = n * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // this block's k and v have landed, and every warp is done with the other buffer
+    if (n + 1 < n_end) stage(n + 1, buffer ^ 1);
+    cp_async_commit();
+
+    const KVTile k_tile{k_tiles + buffer * KVTile::kElements};
+    const KVTile v_tile{v_tiles + buffer * KVTile::kElements};
+    float s[1][kNTiles][4] = {};
+    mma_rows_by_rows<Element, 1, kNTiles, kHeadDim / 16>(s, q_tile, warp_row, k_tile, 0);
+    float dp[1][kNTiles][4] = {};
+    mma_rows_by_rows<Element, 1, kNTiles, kHeadDim / 16>(dp, dout_tile, warp_row, v_tile, 0);
+
+    const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
+                          tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const AccumulatorIndex at = accumulator_index(0, j, e);
+        const Logit x = logit.with_slope(s[0][j][e]);
+        float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
+        if (!unmasked) {
+          const int64_t key = key0 + at.column;
+          if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) p = 0.f;
+        }
+        s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
+      }
+    }
+    uint32_t ds_operand[1][kNTiles / 2][4];
+    accumulator_to_operand<Element>(s, ds_operand);
+    mma_registers_by_columns<Element, 1, kDTiles, kNTiles / 2>(dq, ds_operand, k_tile, 0);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row_begin + warp_row + lane / 4 + 8 * h;
+    if (row >= shape.seqlen_q) continue;
+    Element* dq_row = static_cast<Element*>(params.dq) + ((batch * shape.seqlen_q + row) * shape.heads_q + head) * head_dim;
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d) {
+      const int column = 8 * d + lane % 4 * 2;
+      if (column < head_dim)
+        *reinterpret_cast<uint32_t*>(dq_row + column) =
+            pack_pair<Element>(dq[0][d][2 * h] * params.scale, dq[0][d][2 * h + 1] * params.scale);
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+  using KeyLayout = KeyGradientLayout<Element, kHeadDim>;
+  using QueryLayout = QueryGradientLayout<Element, kHeadDim>;
+  const AttentionShape& shape = params.shape;
+  auto* delta = static_cast<float*>(workspace);
+  // Stream order makes delta complete before the gradient kernels read it.
+  cudaError_t status = launch_backward_delta(params, delta, stream);
+  const int64_t key_blocks = (shape.seqlen_k + KeyLayout::kBlockN - 1) / KeyLayout::kBlockN * shape.heads_kv * shape.batch;
+  const auto key_pass = [&](auto kernel) {
+    return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params,
+                            static_cast<const float*>(delta));
+  };
+  if constexpr (KeyGradientConfig<kHeadDim>::kSplitPasses) {
+    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly>);
+    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly>);
+  } else {
+    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth>);
+  }
+  if (status != cudaSuccess) return status;
+  const int64_t query_blocks = (shape.seqlen_q + QueryLayout::kBlockM - 1) / QueryLayout::kBlockM * shape.heads_q * shape.batch;
+  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim>, query_blocks, QueryLayout::kThreads,
+                          QueryLayout::kSmemBytes, stream, params, static_cast<const float*>(delta));
+}
+
+}  // namespace jax_flash::cuda_kernels::tensor_core

@@ -1,0 +1,195 @@
+// The tensor-core forward (FlashAttention-2 style): a block owns kBlockM query rows of one (batch, head), each warp
+// 16 * kMTiles of them, and streams the visible key blocks through shared memory, keeping the running softmax max,
+// sum and output in registers.
+//
+// Per key block: s = q k^T on tensor cores; logits (scale, softcap, mask) and the online-softmax update in
+// registers; o += p v with p fed straight from the s accumulator. The loads overlap the math: v of this block
+// arrives while q k^T runs, k of the next block while p v runs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../../attention_mask.h"
+#include "../../attention_params.h"
+#include "logits.cuh"
+#include "generated/tile_configs.h"
+#include "launch_with_smem.cuh"
+#include "smem_tile.cuh"
+#include "warp_mma.cuh"
+
+namespace jax_flash::cuda_kernels::tensor_core {
+
+template <typename Element, int kHeadDim>
+struct ForwardLayout {
+  using Config = ForwardConfig<kHeadDim>;
+  static constexpr int kThreads = Config::kWarps * 32;
+  static constexpr int kMTiles = Config::kMTiles;
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kBlockM = Config::kWarps * kWarpRows;
+  static constexpr int kBlockN = Config::kBlockN;
+  using QTile = SmemTile<Element, kBlockM, kHeadDim>;
+  using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
+  static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
+    attention_forward_kernel(const AttentionForwardParams params) {
+  using Layout = ForwardLayout<Element, kHeadDim>;
+  constexpr int kThreads = Layout::kThreads;
+  constexpr int kMTiles = Layout::kMTiles;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kBlockN = Layout::kBlockN;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kNTiles = kBlockN / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const typename Layout::QTile q_tile{reinterpret_cast<Element*>(shared_bytes)};
+  const typename Layout::KVTile k_tile{q_tile.data + Layout::QTile::kElements};
+  const typename Layout::KVTile v_tile{k_tile.data + Layout::KVTile::kElements};
+
+  const AttentionShape& shape = params.shape;
+  const AttentionMask& mask = params.mask;
+  const int head_dim = static_cast<int>(shape.head_dim);
+  // Blocks of one (batch, head) are adjacent, so they share k and v in L2; within a head the last query blocks go
+  // first because under a causal mask they see the most keys.
+  const int64_t m_blocks = (shape.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t block = blockIdx.x;
+  const int64_t m_block = m_blocks - 1 - block % m_blocks;
+  const int64_t head = block / m_blocks % shape.heads_q;
+  const int64_t batch = block / (m_blocks * shape.heads_q);
+  const int64_t kv_head = head / (shape.heads_q / shape.heads_kv);
+  const int64_t row_begin = m_block * kBlockM;
+  const int64_t rows = shape.seqlen_q - row_begin < kBlockM ? shape.seqlen_q - row_begin : kBlockM;
+
+  const int64_t q_stride = shape.heads_q * head_dim;
+  const int64_t kv_stride = shape.heads_kv * head_dim;
+  const Element* q = static_cast<const Element*>(params.q) + ((batch * shape.seqlen_q + row_begin) * shape.heads_q + head) * head_dim;
+  const Element* k = static_cast<const Element*>(params.k) + (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
+  const Element* v = static_cast<const Element*>(params.v) + (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
+
+  const int64_t key_begin = first_visible_key(mask, row_begin);
+  const int64_t key_end = end_visible_key(mask, row_begin + rows, shape.seqlen_k);
+  const int64_t n_begin = key_begin / kBlockN;
+  const int64_t n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
+
+  q_tile.template load_async<kThreads>(q, q_stride, rows, head_dim);
+  if (n_begin < n_end) {
+    const int64_t key0 = n_begin * kBlockN;
+    k_tile.template load_async<kThreads>(k + key0 * kv_stride, kv_stride, shape.seqlen_k - key0, head_dim);
+  }
+  cp_async_commit();
+
+  const int warp_row = static_cast<int>(threadIdx.x) / 32 * Layout::kWarpRows;
+  const LogitTransform logit(params.scale, mask.softcap);
+  float o[kMTiles][kDTiles][4] = {};
+  float row_max[kMTiles][2];
+  float row_sum[kMTiles][2];  // this lane's share; the quad's lanes are summed once at the end
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.f;
+
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int64_t key0 = n * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // k of this block has landed, and every warp is done reading v of the previous one
+    v_tile.template load_async<kThreads>(v + key0 * kv_stride, kv_stride, shape.seqlen_k - key0, head_dim);
+    cp_async_commit();
+
+    float s[kMTiles][kNTiles][4] = {};
+    mma_rows_by_rows<Element, kMTiles, kNTiles, kHeadDim / 16>(s, q_tile, warp_row, k_tile, 0);
+
+    const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
+                          tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = logit(s[m][j][e]);
+          if (!unmasked) {
+            const AccumulatorIndex at = accumulator_index(m, j, e);
+            const int64_t row = row_begin + warp_row + at.row;
+            const int64_t key = key0 + at.column;
+            if (key >= shape.seqlen_k || !key_visible(mask, row, key)) x = -INFINITY;
+          }
+          s[m][j][e] = x;
+        }
+      }
+      // Online softmax, per row half h (lane rows l/4 and l/4 + 8).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float block_max = row_max[m][h];
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) block_max = fmaxf(block_max, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+        block_max = row_max_of_quad(block_max);
+        // Until a row has seen a visible key its max is -inf; shifting by 0 then keeps every exp2 at exp2(-inf) = 0
+        // instead of NaN.
+        const float shift = block_max == -INFINITY ? 0.f : block_max;
+        const float rescale = exp2_fast(row_max[m][h] - shift);
+        row_max[m][h] = block_max;
+        row_sum[m][h] *= rescale;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) o[m][d][2 * h] *= rescale, o[m][d][2 * h + 1] *= rescale;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          s[m][j][2 * h] = exp2_fast(s[m][j][2 * h] - shift);
+          s[m][j][2 * h + 1] = exp2_fast(s[m][j][2 * h + 1] - shift);
+          row_sum[m][h] += s[m][j][2 * h] + s[m][j][2 * h + 1];
+        }
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // v has landed, and every warp is done reading k
+    if (n + 1 < n_end) {
+      const int64_t next = key0 + kBlockN;
+      k_tile.template load_async<kThreads>(k + next * kv_stride, kv_stride, shape.seqlen_k - next, head_dim);
+    }
+    cp_async_commit();
+
+    uint32_t p[kMTiles][kNTiles / 2][4];
+    accumulator_to_operand<Element>(s, p);
+    mma_registers_by_columns<Element, kMTiles, kDTiles, kNTiles / 2>(o, p, v_tile, 0);
+  }
+  cp_async_wait<0>();
+
+  auto* out = static_cast<Element*>(params.out);
+  const int lane = lane_index();
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = row_sum_of_quad(row_sum[m][h]);
+      const int64_t row = row_begin + warp_row + 16 * m + lane / 4 + 8 * h;
+      if (row >= shape.seqlen_q) continue;
+      // A row that saw no key has sum 0: its output is 0 and its lse -inf.
+      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+      Element* out_row = out + ((batch * shape.seqlen_q + row) * shape.heads_q + head) * head_dim;
+#pragma unroll
+      for (int d = 0; d < kDTiles; ++d) {
+        const int column = 8 * d + lane % 4 * 2;
+        if (column < head_dim)
+          *reinterpret_cast<uint32_t*>(out_row + column) =
+              pack_pair<Element>(o[m][d][2 * h] * inverse, o[m][d][2 * h + 1] * inverse);
+      }
+      if (lane % 4 == 0)
+        params.lse[(batch * shape.heads_q + head) * shape.seqlen_q + row] =
+            sum > 0.f ? (row_max[m][h] + log2f(sum)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
+  using Layout = ForwardLayout<Element, kHeadDim>;
+  const AttentionShape& shape = params.shape;
+  const int64_t blocks = (shape.seqlen_q + Layout::kBlockM - 1) / Layout::kBlockM * shape.heads_q * shape.batch;
+  return launch_with_smem(attention_forward_kernel<Element, kHeadDim>, blocks, Layout::kThreads, Layout::kSmemBytes,
+                          stream, params);
+}
+
+}  // namespace jax_flash::cuda_kernels::tensor_core
