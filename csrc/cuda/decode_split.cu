@@ -46,8 +46,9 @@ __device__ __forceinline__ int64_t key_offset(const PagedCache& c, int64_t b, in
   return ((id * c.page_size + j % page_size) * c.heads_kv + h) * c.head_dim;
 }
 
+// The explicit minimum of one block per SM stops ptxas (sm_80) from capping registers at 128 and spilling.
 template <typename Element, int kLanes, int kChunks, int kRows>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p, int passes, Partials parts) {
+__global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(DecodeParams p, int passes, Partials parts) {
   constexpr int kElems = Chunk<Element>::kElems;
   constexpr int kSlots = kThreads / kLanes;
   constexpr int kWidth = kLanes * kChunks * kElems;  // columns covered by a slot, >= head_dim
