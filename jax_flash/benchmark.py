@@ -33,6 +33,19 @@ class Case(NamedTuple):
     head_dim: int
     causal: bool
     dtype: str
+    heads_kv: int | None = None  # None: as many as query heads
+    window: tuple[int, int] | None = None  # local_window_size
+    softcap: float | None = None
+
+    def visible_pairs(self) -> float:
+        """(query, key) pairs the mask lets through, per batch and head: what FLOP/s are counted on. Causal counts
+        S^2 / 2 like the published numbers; windows are counted exactly."""
+        if self.window is None:
+            return self.seq**2 / (2 if self.causal else 1)
+        rows = np.arange(self.seq)
+        left, right = self.window
+        last = np.minimum(self.seq - 1, rows + (0 if self.causal else right))
+        return float(np.sum(last - np.maximum(0, rows - left) + 1))
 
 
 def _grid(name: str, on_gpu: bool) -> list[Case]:
@@ -43,20 +56,51 @@ def _grid(name: str, on_gpu: bool) -> list[Case]:
                 for s in seqs for d in (64, 128) for c in (False, True)]
     if name == "cpu-acceptance":
         return [Case(1, 4096, 8, 64, c, "float32") for c in (False, True)]
-    if name == "anchors":  # the grid of shared/anchors.md: B*S = 16384, H*D = 2048
-        return [Case(16384 // s, s, 2048 // d, d, c, "bfloat16")
-                for d in (64, 128, 256) for s in (1024, 4096, 16384) for c in (False, True)]
+    anchors = [Case(16384 // s, s, 2048 // d, d, c, "bfloat16")  # shared/anchors.md: B*S = 16384, H*D = 2048
+               for d in (64, 128, 256) for s in (1024, 4096, 16384) for c in (False, True)]
+    if name == "anchors":
+        return anchors
+    if name == "quick":  # one cell per head dim and mask, for a fast look while developing
+        return [c for c in anchors if c.seq == 4096]
+    # GQA 32/8, fp16, and the cost of a window or a softcap against the plain mask at the same visible work.
+    extras = ([Case(16384 // s, s, 32, 128, c, "bfloat16", heads_kv=8) for s in (4096, 16384) for c in (False, True)]
+              + [Case(4, 4096, 16, 128, c, "float16") for c in (False, True)]
+              + [Case(1, 16384, 16, 128, True, "bfloat16", window=(4096, 0)),
+                 Case(1, 16384, 16, 128, False, "bfloat16", softcap=30.0),
+                 Case(1, 16384, 16, 128, True, "bfloat16", softcap=30.0)])
+    if name == "full":
+        return anchors + extras
+    if name == "features":
+        return extras
     raise ValueError(f"unknown grid {name!r}")
 
 
+def _fa3():
+    """flash-attn3-jax's flash_mha when it is installed (it runs on Hopper GPUs only), else None."""
+    try:
+        from flash_attn3_jax import flash_mha
+    except ImportError:
+        return None
+    return flash_mha
+
+
 def _peers(on_gpu: bool) -> list[str]:
-    return ["jax_flash", "xla"] + (["cudnn"] if on_gpu else [])
+    return ["jax_flash", "xla"] + (["cudnn"] + (["fa3_jax"] if _fa3() else []) if on_gpu else [])
 
 
-def _attention(impl: str, causal: bool):
+def _attention(impl: str, case: Case):
+    """impl's attention on this case's mask, or None when impl has no such option (jax.nn has no softcap)."""
+    causal, window = case.causal, case.window
     if impl == "jax_flash":
-        return lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=causal)
-    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
+        return lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
+                                                               softcap=case.softcap)
+    if case.softcap is not None:
+        return None
+    if impl == "fa3_jax":
+        sides = (-1, 0 if causal else -1) if window is None else (window[0], 0 if causal else window[1])
+        return lambda q, k, v: _fa3()(q, k, v, is_causal=causal, window_size=sides)
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
+                                                        implementation=impl)
 
 
 def _fwd_bwd(attend):
@@ -85,8 +129,9 @@ def _time(fn, args, min_seconds: float) -> float:
 def _check(case: Case, q, k, v) -> float:
     """Max abs error of jax_flash's forward against the float32 reference; raises if it is not close."""
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ours = jax.jit(_attention("jax_flash", case.causal))(q, k, v).astype(jnp.float32)
-    ref = jax_flash.dot_product_attention(*f32, is_causal=case.causal, implementation="xla")
+    ours = jax.jit(_attention("jax_flash", case))(q, k, v).astype(jnp.float32)
+    ref = jax_flash.dot_product_attention(*f32, is_causal=case.causal, local_window_size=case.window,
+                                          softcap=case.softcap, implementation="xla")
     err = float(jnp.max(jnp.abs(ours - ref)))
     tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}[case.dtype]
     if not err <= tolerance:
@@ -94,23 +139,26 @@ def _check(case: Case, q, k, v) -> float:
     return err
 
 
-def run(grid: str, parts: tuple[str, ...], min_seconds: float) -> list[dict]:
+def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = ()) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
     cases = _grid(grid, on_gpu)
-    impls = _peers(on_gpu)
+    impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
     for case in tqdm(cases, desc="benchmark", unit="case"):
         keys = jax.random.split(jax.random.key(hash(case) % 2**31), 3)
-        shape = (case.batch, case.seq, case.heads, case.head_dim)
-        q, k, v = (jax.random.normal(key, shape, case.dtype) for key in keys)
+        kv_shape = (case.batch, case.seq, case.heads_kv or case.heads, case.head_dim)
+        q = jax.random.normal(keys[0], (case.batch, case.seq, case.heads, case.head_dim), case.dtype)
+        k, v = (jax.random.normal(key, kv_shape, case.dtype) for key in keys[1:])
         err = _check(case, q, k, v)
-        flops_fwd = 4 * case.batch * case.heads * case.seq**2 * case.head_dim / (2 if case.causal else 1)
+        flops_fwd = 4 * case.batch * case.heads * case.visible_pairs() * case.head_dim
         for part in parts:
             flops = flops_fwd * (3.5 if part == "fwd+bwd" else 1)
             for impl in impls:
-                fn = _attention(impl, case.causal)
-                fn = jax.jit(fn if part == "fwd" else _fwd_bwd(fn))
+                fn = _attention(impl, case)
                 try:
+                    if fn is None:
+                        raise NotImplementedError(f"{impl} has no option for this case")
+                    fn = jax.jit(fn if part == "fwd" else _fwd_bwd(fn))
                     seconds = _time(fn, (q, k, v), min_seconds)
                 except Exception as e:  # a peer that cannot run this case is reported, not fatal
                     tqdm.write(f"{impl} failed on {case} {part}: {type(e).__name__}: {str(e)[:200]}")
@@ -128,15 +176,29 @@ def format_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["batch"], r["seq"], r["heads"], r["head_dim"], r["causal"], r["dtype"], r["part"]),
-                          {})[r["impl"]] = r
-    for (b, s, h, d, causal, dtype, part), by_impl in groups.items():
-        cells = [str(b), str(s), str(h), str(d), "causal" if causal else "full", dtype, part]
+        groups.setdefault((r["batch"], r["seq"], r["heads"], r["heads_kv"], r["head_dim"], _mask_label(r), r["dtype"],
+                           r["part"]), {})[r["impl"]] = r
+    for (b, s, h, h_kv, d, mask, dtype, part), by_impl in groups.items():
+        cells = [str(b), str(s), f"{h}/{h_kv}" if h_kv else str(h), str(d), mask, dtype, part]
         cells += [f"{by_impl[i]['ms']:.2f}" for i in impls]
         cells += [f"{by_impl[i]['tflops']:.3f}" for i in impls]
         cells += [f"{by_impl[p]['ms'] / by_impl['jax_flash']['ms']:.2f}" for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _mask_label(row: dict) -> str:
+    label = "causal" if row["causal"] else "full"
+    if row.get("window"):
+        label += f" win{tuple(row['window'])}"
+    if row.get("softcap"):
+        label += f" cap{row['softcap']:g}"
+    return label
+
+
+def _plot_label(row: dict) -> str:
+    heads = f" H{row['heads']}/{row['heads_kv']}" if row["heads_kv"] else ""
+    return f"S{row['seq']} D{row['head_dim']}{heads} {_mask_label(row)} {row['dtype'][:4]}"
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -149,11 +211,12 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(parts), figsize=(7 * len(parts), 4), squeeze=False)
     for ax, part in zip(axes[0], parts):
         sub = [r for r in rows if r["part"] == part]
-        labels = list(dict.fromkeys(f"S{r['seq']} D{r['head_dim']} {'c' if r['causal'] else 'f'}" for r in sub))
+        labels = list(dict.fromkeys(_plot_label(r) for r in sub))
         impls = list(dict.fromkeys(r["impl"] for r in sub))
         width = 0.8 / len(impls)
         for n, impl in enumerate(impls):
-            values = [r["tflops"] for r in sub if r["impl"] == impl]
+            by_label = {_plot_label(r): r["tflops"] for r in sub if r["impl"] == impl}
+            values = [by_label.get(label, float("nan")) for label in labels]
             ax.bar(np.arange(len(labels)) + n * width, values, width, label=impl)
         ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=45, ha="right")
         ax.set_ylabel("TFLOP/s")
@@ -168,7 +231,7 @@ def _peak_memory_child(impl: str, seq: int) -> None:
     import resource
 
     q, k, v = (jax.random.normal(key, (1, seq, 1, 64), jnp.float32) for key in jax.random.split(jax.random.key(0), 3))
-    fn = jax.jit(_attention(impl, False))
+    fn = jax.jit(_attention(impl, Case(1, seq, 1, 64, False, "float32")))
     start = time.perf_counter()
     jax.block_until_ready(fn(q, k, v))
     seconds = time.perf_counter() - start
@@ -193,7 +256,8 @@ def memory_table(seq: int) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors"))
+    parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors", "quick", "features", "full"))
+    parser.add_argument("--impls", help="comma-separated subset of the peers to run (default: all available)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     parser.add_argument("--json", help="write every measurement to this JSON file")
@@ -209,7 +273,8 @@ def main(argv=None) -> None:
         print(memory_table(args.memory))
         return
     print(f"jax_flash {jax_flash.__version__} on {jax.devices()[0].device_kind}, jax {jax.__version__}")
-    rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds)
+    rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
+               tuple(args.impls.split(",")) if args.impls else ())
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
