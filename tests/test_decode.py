@@ -222,8 +222,10 @@ def test_generation_loop(platform, rng):
             v = k.copy()
             k[s:s + t + 1] = np.asarray(ks[:t + 1, b, 0])
             v[s:s + t + 1] = np.asarray(vs[:t + 1, b, 0])
-            expected = jax_flash.dot_product_attention(qs[t, b][None], k[None, :s + t + 1], v[None, :s + t + 1],
-                                                       implementation="xla")
+            # Full float32 matmuls: XLA's GPU default (TF32) is itself off by ~1e-3.
+            with jax.default_matmul_precision("highest"):
+                expected = jax_flash.dot_product_attention(qs[t, b][None], k[None, :s + t + 1], v[None, :s + t + 1],
+                                                           implementation="xla")
             np.testing.assert_allclose(np.asarray(outs[t, b]), np.asarray(expected[0]), atol=1e-5)
 
 
