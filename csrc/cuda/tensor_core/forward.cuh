@@ -3,8 +3,8 @@
 // sum and output in registers.
 //
 // Per key block: s = q k^T on tensor cores; logits (scale, softcap, mask) and the online-softmax update in
-// registers; o += p v with p fed straight from the s accumulator. The loads overlap the math: v of this block
-// arrives while q k^T runs, k of the next block while p v runs.
+// registers; o += p v with p fed straight from the s accumulator. k and v are double-buffered: the next block's
+// copies are in flight during the whole of this block's math, and one barrier per block suffices.
 #pragma once
 
 #include <cmath>
@@ -32,7 +32,8 @@ struct ForwardLayout {
   static constexpr int kBlockN = Config::kBlockN;
   using QTile = SmemTile<Element, kBlockM, kHeadDim>;
   using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
-  static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
+  // q, then two buffers each of k and v.
+  static constexpr int kSmemBytes = QTile::kBytes + 4 * KVTile::kBytes;
 };
 
 template <typename Element, int kHeadDim>
@@ -47,9 +48,11 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   constexpr int kNTiles = kBlockN / 8;
 
   extern __shared__ __align__(16) unsigned char shared_bytes[];
+  using KVTile = typename Layout::KVTile;
   const typename Layout::QTile q_tile{reinterpret_cast<Element*>(shared_bytes)};
-  const typename Layout::KVTile k_tile{q_tile.data + Layout::QTile::kElements};
-  const typename Layout::KVTile v_tile{k_tile.data + Layout::KVTile::kElements};
+  // Buffer b of k is k_tiles + b * KVTile::kElements, of v likewise.
+  Element* const k_tiles = q_tile.data + Layout::QTile::kElements;
+  Element* const v_tiles = k_tiles + 2 * KVTile::kElements;
 
   const AttentionShape& shape = params.shape;
   const AttentionMask& mask = params.mask;
@@ -76,11 +79,15 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   const int64_t n_begin = key_begin / kBlockN;
   const int64_t n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
 
+  const auto stage = [&](int64_t n, int buffer) {
+    const int64_t key0 = n * kBlockN;
+    KVTile{k_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(k + key0 * kv_stride, kv_stride,
+                                                                               shape.seqlen_k - key0, head_dim);
+    KVTile{v_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(v + key0 * kv_stride, kv_stride,
+                                                                               shape.seqlen_k - key0, head_dim);
+  };
   q_tile.template load_async<kThreads>(q, q_stride, rows, head_dim);
-  if (n_begin < n_end) {
-    const int64_t key0 = n_begin * kBlockN;
-    k_tile.template load_async<kThreads>(k + key0 * kv_stride, kv_stride, shape.seqlen_k - key0, head_dim);
-  }
+  if (n_begin < n_end) stage(n_begin, 0);
   cp_async_commit();
 
   const int warp_row = static_cast<int>(threadIdx.x) / 32 * Layout::kWarpRows;
@@ -92,11 +99,14 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   for (int m = 0; m < kMTiles; ++m) row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.f;
 
   for (int64_t n = n_begin; n < n_end; ++n) {
+    const int buffer = static_cast<int>((n - n_begin) % 2);
     const int64_t key0 = n * kBlockN;
     cp_async_wait<0>();
-    __syncthreads();  // k of this block has landed, and every warp is done reading v of the previous one
-    v_tile.template load_async<kThreads>(v + key0 * kv_stride, kv_stride, shape.seqlen_k - key0, head_dim);
+    __syncthreads();  // this block's k and v have landed, and every warp is done with the other buffer
+    if (n + 1 < n_end) stage(n + 1, buffer ^ 1);
     cp_async_commit();
+    const KVTile k_tile{k_tiles + buffer * KVTile::kElements};
+    const KVTile v_tile{v_tiles + buffer * KVTile::kElements};
 
     float s[kMTiles][kNTiles][4] = {};
     mma_rows_by_rows<Element, kMTiles, kNTiles, kHeadDim / 16>(s, q_tile, warp_row, k_tile, 0);
@@ -142,14 +152,6 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
         }
       }
     }
-
-    cp_async_wait<0>();
-    __syncthreads();  // v has landed, and every warp is done reading k
-    if (n + 1 < n_end) {
-      const int64_t next = key0 + kBlockN;
-      k_tile.template load_async<kThreads>(k + next * kv_stride, kv_stride, shape.seqlen_k - next, head_dim);
-    }
-    cp_async_commit();
 
     uint32_t p[kMTiles][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, p);

@@ -106,7 +106,7 @@ template <>
 struct ForwardConfig<256> {
   static constexpr int kWarps = 8;
   static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = 32;
 };
 template <>
 struct KeyGradientConfig<256> {
