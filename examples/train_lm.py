@@ -24,7 +24,7 @@ from tiny_lm.attention import IMPLEMENTATIONS, unavailable_reason
 from tiny_lm.training import TIMING_WARMUP_STEPS, Config, train
 
 PRESETS = {
-    # ~0.4 M params: a few minutes on a 2-core CPU.
+    # ~0.65 M params: under 4 minutes on a 2-core CPU.
     "cpu": Config(seq_len=128, batch_size=16, features=128, num_layers=3, num_heads=4, dtype="float32",
                   learning_rate=3e-3, warmup_steps=50, steps=600, eval_every=100, eval_batches=8, seed=0),
     # ~19 M params, 16k tokens a step, bfloat16 (cuDNN's attention needs 16-bit inputs).
