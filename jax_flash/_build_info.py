@@ -10,11 +10,29 @@ from jax_flash import _ffi
 
 
 def build_info() -> dict:
+    """Versions, compiled platforms, CUDA architectures ('' in a CPU-only build), the default device, and a line on
+    the GPU that jax_flash would run on (or why it runs on the CPU)."""
     return {
         "jax_flash": metadata.version("jax_flash"),
         "jax": jax.__version__,
+        "jaxlib": metadata.version("jaxlib"),
         "compiled_platforms": list(_ffi.compiled_platforms()),
         "cuda_architectures": _ffi.cuda_architectures(),
         "default_device": str(jax.devices()[0]),
+        "gpu": _gpu_line(),
     }
 
+
+def _gpu_line() -> str:
+    built = "cuda" in _ffi.compiled_platforms()
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        if built:
+            return "none visible to jax (is jax's CUDA plugin installed, e.g. jax[cuda13]?); kernels run on the CPU"
+        return "none: CPU-only build (JAX_FLASH_CUDA=OFF or no nvcc at build time); kernels run on the CPU"
+    device = gpus[0]
+    capability = getattr(device, "compute_capability", None)
+    name = f"{device.device_kind} ({device}{f', compute capability {capability}' if capability else ''})"
+    if not built:
+        return f"{name} is visible, but this build has no CUDA kernels: rebuild with nvcc on PATH"
+    return f"{name}, {len(gpus)} visible"

@@ -3,4 +3,4 @@
 from jax_flash._build_info import build_info
 
 for key, value in build_info().items():
-    print(f"{key}: {value}")
+    print(f"{key}: {value or 'none'}")  # a CPU-only build has no CUDA architectures: say so rather than print nothing
