@@ -1,0 +1,94 @@
+// What both split kernels share: the keys one block reads, and the end of a block, where the independent softmax
+// states it kept (per lane group or per warp) are merged and written as the output or as one split's partial.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../attention_mask.h"
+#include "decode_cuda.h"
+#include "decode_elements.cuh"
+
+namespace jax_flash::cuda_kernels::decode {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// Splits start on multiples of this many keys, so a tile of 16 keys never straddles a page (page sizes are multiples
+// of 16; a contiguous cache is one page per sequence).
+constexpr int kKeyAlign = 16;
+
+struct Partials {
+  float* o;    // [splits, rows_out, head_dim], each split normalised by its own sum
+  float* lse;  // [splits, rows_out], base-2
+};
+
+// A block owns packed rows [row0, row0 + rows) of kv head hk of sequence b (row = i * group + g: query head g of the
+// group at new position i) and split `split` of the keys those rows may see.
+struct BlockKeys {
+  int lowest, highest;     // positions of the block's first and last rows (rows are ordered by position)
+  int key_begin, key_end;  // this split's keys
+};
+
+__device__ __forceinline__ BlockKeys block_keys(const DecodeParams& p, int64_t b, int row0, int rows, int split,
+                                                int splits) {
+  const int group = static_cast<int>(p.group());
+  const int length = static_cast<int>(p.length(b));
+  const int first_position = length - static_cast<int>(p.q_len);
+  BlockKeys keys;
+  keys.lowest = first_position + row0 / group;
+  keys.highest = first_position + (row0 + rows - 1) / group;
+  const int begin = static_cast<int>(first_visible_key(p.mask, max(keys.lowest, 0))) / kKeyAlign * kKeyAlign;
+  const int end = min(keys.highest + 1, length);
+  const int chunk = ((max(end - begin, 0) + splits - 1) / splits + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
+  keys.key_begin = begin + split * chunk;
+  keys.key_end = min(end, keys.key_begin + chunk);
+  return keys;
+}
+
+// Position of packed row `row` and its index in out ([b, i, h] rows of head_dim).
+__device__ __forceinline__ int row_position(const DecodeParams& p, int64_t b, int row) {
+  return static_cast<int>(p.length(b) - p.q_len) + row / static_cast<int>(p.group());
+}
+
+__device__ __forceinline__ int64_t out_row(const DecodeParams& p, int64_t b, int64_t hk, int row) {
+  const int64_t group = p.group();
+  return (b * p.q_len + row / group) * p.heads_q + hk * group + row % group;
+}
+
+// Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
+// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. All threads of the block take part.
+template <typename Element, int kStates, int kRows, int kWidth>
+__device__ void merge_and_store(const DecodeParams& p, const Partials& parts, int64_t b, int64_t hk, int row0,
+                                int rows, const float* state_max, const float* state_sum, const float* state_o) {
+  const int split = blockIdx.x, splits = gridDim.x;
+  const int64_t d = p.cache.head_dim;
+  for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
+    const int r = index / kWidth, col = index % kWidth;
+    if (col >= d) continue;
+    float max_all = -INFINITY;
+    for (int s = 0; s < kStates; ++s) max_all = fmaxf(max_all, state_max[s * kRows + r]);
+    // With nothing visible the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
+    const float shift = max_all == -INFINITY ? 0.f : max_all;
+    float sum = 0.f, acc = 0.f;
+    for (int s = 0; s < kStates; ++s) {
+      const float weight = exp2f(state_max[s * kRows + r] - shift);
+      sum = fmaf(state_sum[s * kRows + r], weight, sum);
+      acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
+    }
+    const float value = sum > 0.f ? acc / sum : 0.f;
+    const float lse2 = sum > 0.f ? max_all + log2f(sum) : -INFINITY;
+    const int row = row0 + r;
+    const int64_t target = out_row(p, b, hk, row);
+    if (splits == 1) {
+      store_float(value, static_cast<Element*>(p.out) + target * d + col);
+      const int64_t group = p.group();
+      if (col == 0) p.lse[(b * p.heads_q + hk * group + row % group) * p.q_len + row / group] = lse2 * kLn2;
+    } else {
+      const int64_t rows_out = p.batch * p.q_len * p.heads_q;
+      parts.o[(split * rows_out + target) * d + col] = value;
+      if (col == 0) parts.lse[split * rows_out + target] = lse2;
+    }
+  }
+}
+
+}  // namespace jax_flash::cuda_kernels::decode
