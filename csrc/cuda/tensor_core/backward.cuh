@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -137,17 +138,24 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
     if (kKey) mma_rows_by_rows<Element, 1, kMTiles, kHeadDim / 16>(dp, v_tile, warp_key, dout_tile, 0);
 
     const bool unmasked = tile_inside_window(mask, query0, query0 + kBlockM, key0, key0 + kBlockN);
+    const auto to_gradients = [&](auto capped) {
 #pragma unroll
-    for (int j = 0; j < kMTiles; ++j) {
+      for (int j = 0; j < kMTiles; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const AccumulatorIndex at = accumulator_index(0, j, e);  // row: key, column: query
-        const Logit x = logit.with_slope(s[0][j][e]);
-        float p = exp2_fast(x.log2_value - lse_log2[at.column]);
-        if (!unmasked && !key_visible(mask, query0 + at.column, key0 + warp_key + at.row)) p = 0.f;
-        s[0][j][e] = p;
-        if (kKey) dp[0][j][e] = p * (dp[0][j][e] - row_delta[at.column]) * x.slope;
+        for (int e = 0; e < 4; ++e) {
+          const AccumulatorIndex at = accumulator_index(0, j, e);  // row: key, column: query
+          const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
+          float p = exp2_fast(x.log2_value - lse_log2[at.column]);
+          if (!unmasked && !key_visible(mask, query0 + at.column, key0 + warp_key + at.row)) p = 0.f;
+          s[0][j][e] = p;
+          if (kKey) dp[0][j][e] = p * (dp[0][j][e] - row_delta[at.column]) * x.slope;
+        }
       }
+    };
+    if (logit.capped()) {
+      to_gradients(std::true_type{});
+    } else {
+      to_gradients(std::false_type{});
     }
     if (kValue) {
       uint32_t p_operand[1][kMTiles / 2][4];
@@ -282,19 +290,26 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
 
     const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
                           tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+    const auto to_gradients = [&](auto capped) {
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
+      for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const AccumulatorIndex at = accumulator_index(0, j, e);
-        const Logit x = logit.with_slope(s[0][j][e]);
-        float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
-        if (!unmasked) {
-          const int64_t key = key0 + at.column;
-          if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) p = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const AccumulatorIndex at = accumulator_index(0, j, e);
+          const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
+          float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
+          if (!unmasked) {
+            const int64_t key = key0 + at.column;
+            if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) p = 0.f;
+          }
+          s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
         }
-        s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
       }
+    };
+    if (logit.capped()) {
+      to_gradients(std::true_type{});
+    } else {
+      to_gradients(std::false_type{});
     }
     uint32_t ds_operand[1][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, ds_operand);

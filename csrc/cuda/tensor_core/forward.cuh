@@ -113,22 +113,23 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
 
     const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
                           tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+    logit.apply(s);
+    if (!unmasked) {
 #pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
+      for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
+        for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = logit(s[m][j][e]);
-          if (!unmasked) {
+          for (int e = 0; e < 4; ++e) {
             const AccumulatorIndex at = accumulator_index(m, j, e);
-            const int64_t row = row_begin + warp_row + at.row;
             const int64_t key = key0 + at.column;
-            if (key >= shape.seqlen_k || !key_visible(mask, row, key)) x = -INFINITY;
+            if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) s[m][j][e] = -INFINITY;
           }
-          s[m][j][e] = x;
         }
       }
+    }
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
       // Online softmax, per row half h (lane rows l/4 and l/4 + 8).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

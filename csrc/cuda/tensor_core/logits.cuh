@@ -24,14 +24,38 @@ class LogitTransform {
         scale_over_cap_(softcap > 0.f ? scale / softcap : 0.f),
         cap_log2_(softcap * kLog2e) {}
 
-  __device__ __forceinline__ float operator()(float qk) const {
-    return capped_ ? cap_log2_ * tanh_fast(qk * scale_over_cap_) : qk * scale_log2_;
+  // Every entry of an accumulator of raw q.k products becomes its logit. The softcap test is outside the loop, so
+  // uncapped calls pay one multiply per entry and never a tanh.
+  template <int kM, int kN>
+  __device__ __forceinline__ void apply(float (&acc)[kM][kN][4]) const {
+    if (capped_) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][n][e] = cap_log2_ * tanh_fast(acc[m][n][e] * scale_over_cap_);
+    } else {
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][n][e] *= scale_log2_;
+    }
   }
 
+  __device__ __forceinline__ bool capped() const { return capped_; }
+
+  // One entry's logit and slope; kCapped must equal capped(), so loops can pick their variant once, outside.
+  template <bool kCapped>
   __device__ __forceinline__ Logit with_slope(float qk) const {
-    if (!capped_) return {qk * scale_log2_, 1.f};
-    const float t = tanh_fast(qk * scale_over_cap_);
-    return {cap_log2_ * t, 1.f - t * t};
+    if constexpr (!kCapped) {
+      return {qk * scale_log2_, 1.f};
+    } else {
+      const float t = tanh_fast(qk * scale_over_cap_);
+      return {cap_log2_ * t, 1.f - t * t};
+    }
   }
 
  private:

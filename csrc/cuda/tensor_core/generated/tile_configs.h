@@ -50,7 +50,7 @@ struct QueryGradientConfig<64> {
 
 template <>
 struct ForwardConfig<96> {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
@@ -68,7 +68,7 @@ struct QueryGradientConfig<96> {
 
 template <>
 struct ForwardConfig<128> {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
@@ -86,7 +86,7 @@ struct QueryGradientConfig<128> {
 
 template <>
 struct ForwardConfig<192> {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
@@ -104,7 +104,7 @@ struct QueryGradientConfig<192> {
 
 template <>
 struct ForwardConfig<256> {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 32;
 };
