@@ -139,9 +139,10 @@ def _check(case: Case, q, k, v) -> float:
     return err
 
 
-def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = ()) -> list[dict]:
+def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = (),
+        seqs: tuple[int, ...] = ()) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
-    cases = _grid(grid, on_gpu)
+    cases = [c for c in _grid(grid, on_gpu) if not seqs or c.seq in seqs]
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
     for case in tqdm(cases, desc="benchmark", unit="case"):
@@ -258,6 +259,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors", "quick", "features", "full"))
     parser.add_argument("--impls", help="comma-separated subset of the peers to run (default: all available)")
+    parser.add_argument("--seqs", help="comma-separated sequence lengths to keep from the grid (default: all)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     parser.add_argument("--json", help="write every measurement to this JSON file")
@@ -274,7 +276,8 @@ def main(argv=None) -> None:
         return
     print(f"jax_flash {jax_flash.__version__} on {jax.devices()[0].device_kind}, jax {jax.__version__}")
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
-               tuple(args.impls.split(",")) if args.impls else ())
+               tuple(args.impls.split(",")) if args.impls else (),
+               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else ())
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
