@@ -51,13 +51,15 @@ struct SmemTile {
     const int first_row = thread / kChunksPerRow;
     const int column = thread % kChunksPerRow * kChunkElements;
     const bool column_valid = column < head_dim;
+    // Rows past kRows are never copied, so the count fits 32-bit compares.
+    const int rows = rows_valid < kRows ? static_cast<int>(rows_valid) : kRows;
     const Element* row_src = src + first_row * row_stride + column;
     const uint32_t dst = address(first_row, column);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int r = first_row + pass * kRowsPerPass;
       if (kRows % kRowsPerPass == 0 || r < kRows) {
-        const bool valid = column_valid && r < rows_valid;
+        const bool valid = column_valid && r < rows;
         cp_async_16(dst + pass * kRowsPerPass * kPitch * static_cast<int>(sizeof(Element)), valid ? row_src : src,
                     valid);
       }
