@@ -21,10 +21,17 @@
 #include <cmath>
 #include <cstdint>
 
-#include "decode_async.cuh"
 #include "decode_block.cuh"
+#include "tensor_core/ptx.cuh"
 
 namespace jax_flash::cuda_kernels::decode {
+
+using tensor_core::cp_async_16;
+using tensor_core::cp_async_commit;
+using tensor_core::cp_async_wait;
+using tensor_core::mma_16816;
+using tensor_core::pack_pair;
+using tensor_core::shared_address;
 
 constexpr int kTileKeys = 16;
 constexpr int kMmaRows = 16;
@@ -103,7 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       for (int c = 0; c < kChunksK; ++c) {
         const int key = 8 * n + g, col = (4 * c + t) * 8;
         const bool valid = j0 + key < keys.key_end && col < d;
-        copy_async_16(dst + (n * kChunksK + c) * 32, valid ? k_cache + base + key * key_stride + col : k_cache, valid);
+        cp_async_16(shared_address(dst + (n * kChunksK + c) * 32), valid ? k_cache + base + key * key_stride + col : k_cache, valid);
       }
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -111,8 +118,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       for (int w = 0; w < kChunksV; ++w) {
         const int key = 2 * t + q % 2 + 8 * (q / 2), col = (8 * w + g) * 8;
         const bool valid = j0 + key < keys.key_end && col < d;
-        copy_async_16(dst + (2 * kChunksK + q * kChunksV + w) * 32,
-                      valid ? v_cache + base + key * key_stride + col : v_cache, valid);
+        cp_async_16(shared_address(dst + (2 * kChunksK + q * kChunksV + w) * 32),
+                    valid ? v_cache + base + key * key_stride + col : v_cache, valid);
       }
   };
 
@@ -130,13 +137,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < warp_tiles) issue(s);
-    commit_async();
+    cp_async_commit();
   }
   for (int i = 0; i < warp_tiles; ++i) {
     // The stage refilled here was read by tile i - 1, whose mma instructions (asm volatile, in order) consumed it.
     if (i + kStages - 1 < warp_tiles) issue(i + kStages - 1);
-    commit_async();
-    wait_async<kStages - 1>();
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
     const uint4* src = lane_pipe + (i % kStages) * kSlots * 32;
     const int j0 = tile_start(i);
 
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       }
     }
   }
-  wait_async<0>();
+  cp_async_wait<0>();
 
   // Row sums over the 4 lanes of each row, then the warps' states go to shared memory (over the drained pipeline).
 #pragma unroll

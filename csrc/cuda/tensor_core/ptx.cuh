@@ -15,15 +15,17 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
 
 // Copies 16 bytes, or writes 16 zero bytes when !valid (then `src` is not read, but must still be a legal address).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
-// Waits until at most kPending committed groups are still in flight.
+// Waits until at most kPending committed groups are still in flight. The "memory" clobbers keep the compiler from
+// moving ordinary shared-memory reads of the copied data above the wait.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
@@ -60,6 +62,14 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&acc)[4], const 
       "{%0, %1, %2, %3};\n"
       : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same product with the A fragment held as one 16-byte vector, as kernels that stage fragments with 16-byte
+// loads keep it.
+template <typename Element>
+__device__ __forceinline__ void mma_16816(float (&acc)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+  mma_16816<Element>(acc, words, b0, b1);
 }
 
 // Two floats rounded into one 32-bit register of two elements (the first in the low half), as MMA operands and
