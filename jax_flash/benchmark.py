@@ -127,10 +127,15 @@ def _time(fn, args, min_seconds: float) -> float:
 
 
 def _check(case: Case, q, k, v) -> float:
-    """Max abs error of jax_flash's forward against the float32 reference; raises if it is not close."""
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ours = jax.jit(_attention("jax_flash", case))(q, k, v).astype(jnp.float32)
-    ref = jax_flash.dot_product_attention(*f32, is_causal=case.causal, local_window_size=case.window,
+    """Max abs error of jax_flash's forward against the float32 reference; raises if it is not close.
+
+    The reference materialises the S x S logits, so it runs on the first batch row and the query heads of the first
+    kv head only (at S = 16k and 32 heads the whole problem would need over 60 GB); jax_flash runs the whole case and
+    is compared on that slice."""
+    group = case.heads // (case.heads_kv or case.heads)
+    ours = jax.jit(_attention("jax_flash", case))(q, k, v)[:1, :, :group].astype(jnp.float32)
+    q1, k1, v1 = (x[:1, :, :heads].astype(jnp.float32) for x, heads in ((q, group), (k, 1), (v, 1)))
+    ref = jax_flash.dot_product_attention(q1, k1, v1, is_causal=case.causal, local_window_size=case.window,
                                           softcap=case.softcap, implementation="xla")
     err = float(jnp.max(jnp.abs(ours - ref)))
     tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}[case.dtype]
