@@ -22,6 +22,7 @@
 #include "../../attention_params.h"
 #include "../backward_delta.h"
 #include "logits.cuh"
+#include "query_block.cuh"
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
@@ -224,26 +225,14 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   const AttentionShape& shape = params.shape;
   const AttentionMask& mask = params.mask;
   const int head_dim = static_cast<int>(shape.head_dim);
-  const int64_t m_blocks = (shape.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t block = blockIdx.x;
-  const int64_t m_block = m_blocks - 1 - block % m_blocks;
-  const int64_t head = block / m_blocks % shape.heads_q;
-  const int64_t batch = block / (m_blocks * shape.heads_q);
-  const int64_t kv_head = head / (shape.heads_q / shape.heads_kv);
-  const int64_t row_begin = m_block * kBlockM;
-  const int64_t rows = shape.seqlen_q - row_begin < kBlockM ? shape.seqlen_q - row_begin : kBlockM;
-
+  const QueryBlock work = query_block<kBlockM, kBlockN>(shape, mask);
+  const int64_t batch = work.batch, head = work.head, row_begin = work.row_begin, rows = work.rows;
+  const int64_t n_begin = work.key_blocks_begin, n_end = work.key_blocks_end;
   const int64_t q_stride = shape.heads_q * head_dim;
   const int64_t kv_stride = shape.heads_kv * head_dim;
-  const int64_t q_offset = ((batch * shape.seqlen_q + row_begin) * shape.heads_q + head) * head_dim;
-  const int64_t kv_offset = (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
-  const Element* k = static_cast<const Element*>(params.k) + kv_offset;
-  const Element* v = static_cast<const Element*>(params.v) + kv_offset;
-
-  const int64_t key_begin = first_visible_key(mask, row_begin);
-  const int64_t key_end = end_visible_key(mask, row_begin + rows, shape.seqlen_k);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
+  const int64_t q_offset = work.q_offset;
+  const Element* k = static_cast<const Element*>(params.k) + work.kv_offset;
+  const Element* v = static_cast<const Element*>(params.v) + work.kv_offset;
 
   const auto stage = [&](int64_t n, int buffer) {
     const int64_t key0 = n * kBlockN;
@@ -321,7 +310,8 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_begin + warp_row + lane / 4 + 8 * h;
     if (row >= shape.seqlen_q) continue;
-    Element* dq_row = static_cast<Element*>(params.dq) + ((batch * shape.seqlen_q + row) * shape.heads_q + head) * head_dim;
+    Element* dq_row =
+        static_cast<Element*>(params.dq) + ((batch * shape.seqlen_q + row) * shape.heads_q + head) * head_dim;
 #pragma unroll
     for (int d = 0; d < kDTiles; ++d) {
       const int column = 8 * d + lane % 4 * 2;
@@ -340,21 +330,24 @@ cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspa
   auto* delta = static_cast<float*>(workspace);
   // Stream order makes delta complete before the gradient kernels read it.
   cudaError_t status = launch_backward_delta(params, delta, stream);
-  const int64_t key_blocks = (shape.seqlen_k + KeyLayout::kBlockN - 1) / KeyLayout::kBlockN * shape.heads_kv * shape.batch;
+  const int64_t key_blocks =
+      (shape.seqlen_k + KeyLayout::kBlockN - 1) / KeyLayout::kBlockN * shape.heads_kv * shape.batch;
   const auto key_pass = [&](auto kernel) {
     return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params,
                             static_cast<const float*>(delta));
   };
   if constexpr (KeyGradientConfig<kHeadDim>::kSplitPasses) {
-    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly>);
-    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly>);
-  } else {
-    if (status == cudaSuccess) status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth>);
+    if (status == cudaSuccess)
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly>);
+    if (status == cudaSuccess)
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly>);
+  } else if (status == cudaSuccess) {
+    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth>);
   }
   if (status != cudaSuccess) return status;
-  const int64_t query_blocks = (shape.seqlen_q + QueryLayout::kBlockM - 1) / QueryLayout::kBlockM * shape.heads_q * shape.batch;
-  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim>, query_blocks, QueryLayout::kThreads,
-                          QueryLayout::kSmemBytes, stream, params, static_cast<const float*>(delta));
+  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim>, query_blocks(shape, QueryLayout::kBlockM),
+                          QueryLayout::kThreads, QueryLayout::kSmemBytes, stream, params,
+                          static_cast<const float*>(delta));
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

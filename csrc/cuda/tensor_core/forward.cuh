@@ -15,6 +15,7 @@
 #include "../../attention_mask.h"
 #include "../../attention_params.h"
 #include "logits.cuh"
+#include "query_block.cuh"
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
@@ -57,27 +58,14 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   const AttentionShape& shape = params.shape;
   const AttentionMask& mask = params.mask;
   const int head_dim = static_cast<int>(shape.head_dim);
-  // Blocks of one (batch, head) are adjacent, so they share k and v in L2; within a head the last query blocks go
-  // first because under a causal mask they see the most keys.
-  const int64_t m_blocks = (shape.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t block = blockIdx.x;
-  const int64_t m_block = m_blocks - 1 - block % m_blocks;
-  const int64_t head = block / m_blocks % shape.heads_q;
-  const int64_t batch = block / (m_blocks * shape.heads_q);
-  const int64_t kv_head = head / (shape.heads_q / shape.heads_kv);
-  const int64_t row_begin = m_block * kBlockM;
-  const int64_t rows = shape.seqlen_q - row_begin < kBlockM ? shape.seqlen_q - row_begin : kBlockM;
-
+  const QueryBlock work = query_block<kBlockM, kBlockN>(shape, mask);
+  const int64_t batch = work.batch, head = work.head, row_begin = work.row_begin, rows = work.rows;
+  const int64_t n_begin = work.key_blocks_begin, n_end = work.key_blocks_end;
   const int64_t q_stride = shape.heads_q * head_dim;
   const int64_t kv_stride = shape.heads_kv * head_dim;
-  const Element* q = static_cast<const Element*>(params.q) + ((batch * shape.seqlen_q + row_begin) * shape.heads_q + head) * head_dim;
-  const Element* k = static_cast<const Element*>(params.k) + (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
-  const Element* v = static_cast<const Element*>(params.v) + (batch * shape.seqlen_k * shape.heads_kv + kv_head) * head_dim;
-
-  const int64_t key_begin = first_visible_key(mask, row_begin);
-  const int64_t key_end = end_visible_key(mask, row_begin + rows, shape.seqlen_k);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
+  const Element* q = static_cast<const Element*>(params.q) + work.q_offset;
+  const Element* k = static_cast<const Element*>(params.k) + work.kv_offset;
+  const Element* v = static_cast<const Element*>(params.v) + work.kv_offset;
 
   const auto stage = [&](int64_t n, int buffer) {
     const int64_t key0 = n * kBlockN;
@@ -190,9 +178,8 @@ template <typename Element, int kHeadDim>
 cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
   using Layout = ForwardLayout<Element, kHeadDim>;
   const AttentionShape& shape = params.shape;
-  const int64_t blocks = (shape.seqlen_q + Layout::kBlockM - 1) / Layout::kBlockM * shape.heads_q * shape.batch;
-  return launch_with_smem(attention_forward_kernel<Element, kHeadDim>, blocks, Layout::kThreads, Layout::kSmemBytes,
-                          stream, params);
+  return launch_with_smem(attention_forward_kernel<Element, kHeadDim>, query_blocks(shape, Layout::kBlockM),
+                          Layout::kThreads, Layout::kSmemBytes, stream, params);
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

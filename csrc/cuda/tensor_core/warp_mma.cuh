@@ -24,7 +24,8 @@ __device__ __forceinline__ void mma_rows_by_rows(float (&acc)[kMTiles][kNTiles][
   for (int k = 0; k < kKSteps; ++k) {
     uint32_t a_fragment[kMTiles][4];
 #pragma unroll
-    for (int m = 0; m < kMTiles; ++m) ldmatrix_x4(a_fragment[m], a.address(a_row + 16 * m + lane % 16, 16 * k + lane / 16 * 8));
+    for (int m = 0; m < kMTiles; ++m)
+      ldmatrix_x4(a_fragment[m], a.address(a_row + 16 * m + lane % 16, 16 * k + lane / 16 * 8));
 #pragma unroll
     for (int n = 0; n < kNTiles; n += 2) {
       uint32_t b_fragment[4];
