@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Everything the project checks on a GPU machine, in one call, with logs under $OUT (default: ./gpu-checks):
+#   build (one architecture by default), the GPU half of the test suite, compute-sanitizer memcheck and racecheck on
+#   tests/gpu_sanitizer_matrix.py, the standalone decode harness, and a benchmark grid beside cuDNN (and
+#   flash-attn3-jax when importable).
+#
+#   bash tests/gpu_checks.sh                      # all steps
+#   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
+#
+# Knobs: JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
+# default all), TEST_WORKERS (default 8), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$repo/gpu-checks}
+target=${TARGET:-/tmp/jax_flash_gpu_checks}
+steps=${STEPS:-build tests sanitizer decode benchmark}
+mkdir -p "$out"
+export JAX_FLASH_CUDA_ARCHITECTURES=${JAX_FLASH_CUDA_ARCHITECTURES:-90a-real} JAX_FLASH_PTXAS_VERBOSE=ON
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$target${PYTHONPATH:+:$PYTHONPATH}
+start=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - start )) s] $*"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has build; then
+  (cd "$repo" && python3 -m pip install -v --no-build-isolation --no-deps --target "$target" .) >"$out/build.log" 2>&1 \
+    || { tail -n 40 "$out/build.log"; exit 1; }
+  python3 "$repo/csrc/cuda/tensor_core/ptxas_table.py" "$out/build.log" >"$out/ptxas_table.md"
+  elapsed "built; $(grep -c 'Used [0-9]* registers' "$out/build.log") kernels, spills: $(grep -Eo '[1-9][0-9]* bytes spill stores' "$out/build.log" | wc -l)"
+fi
+# Run from outside the checkout, whose jax_flash folder has no compiled extension.
+cd /tmp
+if has tests; then
+  python3 -m pytest "$repo/tests" -q -n "${TEST_WORKERS:-8}" -p no:cacheprovider -o console_output_style=count \
+    -k "not cpu" >"$out/tests.log" 2>&1
+  elapsed "tests: $(tail -n 1 "$out/tests.log")"
+fi
+if has sanitizer; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python3 "$repo/tests/gpu_sanitizer_matrix.py" \
+      >"$out/sanitizer_$tool.log" 2>&1
+    elapsed "$tool exit $?: $(grep -E 'SUMMARY' "$out/sanitizer_$tool.log")"
+  done
+fi
+if has decode; then
+  nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I "$repo/csrc" "$repo/tests/cuda/decode_harness.cu" \
+    "$repo/csrc/cuda/decode_split.cu" "$repo/csrc/cuda/decode_kv_update.cu" -o /tmp/decode_harness \
+    && /tmp/decode_harness >"$out/decode_harness.log" 2>&1
+  elapsed "decode harness exit $?: $(tail -n 1 "$out/decode_harness.log")"
+fi
+if has benchmark; then
+  python3 -m jax_flash.benchmark --grid "${GRID:-anchors}" ${SEQS:+--seqs "$SEQS"} --json "$out/benchmark.json" \
+    --plot "$out/benchmark.png" >"$out/benchmark.log" 2>&1
+  elapsed "benchmark exit $?"
+  grep -E '^\|' "$out/benchmark.log"
+fi
