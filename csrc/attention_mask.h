@@ -52,6 +52,18 @@ JAX_FLASH_HOST_DEVICE bool tile_inside_window(const AttentionMask& m, int64_t ro
          (m.window_right < 0 || key_end - 1 <= row_begin + m.window_right);
 }
 
+// Whether query i sees key j of batch row b under the window and the per-token inputs of TokenMask. Segment ids
+// and positions come in pairs (query and key/value), which the FFI handlers check.
+JAX_FLASH_HOST_DEVICE bool token_visible(const AttentionMask& m, const TokenMask& t, const AttentionShape& sh,
+                                         int64_t b, int64_t i, int64_t j) {
+  if (t.q_lengths && i >= t.q_lengths[b]) return false;
+  if (t.kv_lengths && j >= t.kv_lengths[b]) return false;
+  if (t.q_segment_ids && t.q_segment_ids[b * sh.seqlen_q + i] != t.kv_segment_ids[b * sh.seqlen_k + j]) return false;
+  const int64_t query_position = t.q_positions ? t.q_positions[b * sh.seqlen_q + i] : i;
+  const int64_t key_position = t.kv_positions ? t.kv_positions[b * sh.seqlen_k + j] : j;
+  return key_visible(m, query_position, key_position);
+}
+
 // Logit after the optional soft-cap; `raw` is already multiplied by the softmax scale.
 JAX_FLASH_HOST_DEVICE float capped_logit(float raw, float softcap) {
   return softcap > 0.f ? softcap * tanhf(raw / softcap) : raw;

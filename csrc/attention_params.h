@@ -28,6 +28,23 @@ struct AttentionMask {
   float softcap;  // logits s become softcap * tanh(s / softcap) when softcap > 0.
 };
 
+// Per-token visibility on top of the window, all int32. A null pointer means the input is absent, and the default
+// (all null) means dense attention. Query i of batch row b sees key j only when
+//   i < q_lengths[b], j < kv_lengths[b], q_segment_ids[b, i] == kv_segment_ids[b, j],
+// and the window test of AttentionMask holds for q_positions[b, i] and kv_positions[b, j] in place of i and j.
+struct TokenMask {
+  const int32_t* q_lengths = nullptr;       // [batch]
+  const int32_t* kv_lengths = nullptr;      // [batch]
+  const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
+  const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]
+  const int32_t* q_positions = nullptr;     // [batch, seqlen_q]
+  const int32_t* kv_positions = nullptr;    // [batch, seqlen_k]
+
+  bool any() const {
+    return q_lengths || kv_lengths || q_segment_ids || kv_segment_ids || q_positions || kv_positions;
+  }
+};
+
 struct AttentionForwardParams {
   DType dtype;
   AttentionShape shape;
@@ -38,6 +55,7 @@ struct AttentionForwardParams {
   const void* v;
   void* out;
   float* lse;  // natural-log sum of exp over visible keys; -inf for a row that sees no key (its output is 0).
+  TokenMask tokens;  // last, and defaulted, so positional initializers written before it still compile
 };
 
 struct AttentionBackwardParams {
@@ -54,6 +72,7 @@ struct AttentionBackwardParams {
   void* dq;
   void* dk;
   void* dv;
+  TokenMask tokens;
 };
 
 }  // namespace jax_flash

@@ -23,14 +23,17 @@ from jax.interpreters import mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._config import AttentionConfig
+from jax_flash._config import TOKEN_INPUTS, AttentionConfig
 
 # The layout of each operand and result, by role: "q" [batch, seq_q, heads_q, head_dim] (also out and its
-# cotangent), "kv" [batch, seq_k, heads_kv, head_dim], "lse" [batch, heads_q, seq_q].
+# cotangent), "kv" [batch, seq_k, heads_kv, head_dim], "lse" [batch, heads_q, seq_q]; the token-mask operands that
+# follow are "len" [batch], "q_tok" [batch, seq_q] and "kv_tok" [batch, seq_k], sharded along the batch only.
 _ROLES = {
     "attention_fwd": (("q", "kv", "kv"), ("q", "lse")),
     "attention_bwd": (("q", "q", "kv", "kv", "q", "lse"), ("q", "kv", "kv")),
 }
+_TOKEN_ROLES = {"q_lengths": "len", "kv_lengths": "len", "q_segment_ids": "q_tok", "kv_segment_ids": "kv_tok",
+                "q_positions": "q_tok", "kv_positions": "kv_tok"}
 # Which operand is the query, whose sharding the partitioner follows.
 _QUERY_OPERAND = {"attention_fwd": 0, "attention_bwd": 1}
 
@@ -39,7 +42,7 @@ def lower(ctx, operands, *, op: str, target: str, config: AttentionConfig):
     """The MLIR of the primitive `op`: its FFI kernel `target` wrapped in custom_partitioning."""
     query = ctx.avals_in[_QUERY_OPERAND[op]]
     key = ctx.avals_in[_QUERY_OPERAND[op] + 1]
-    kernel = _partitioned_kernel(op, target, query.shape[2], key.shape[2])
+    kernel = _partitioned_kernel(op, target, query.shape[2], key.shape[2], config.token_inputs)
     return mlir.lower_fun(lambda *args: kernel(config, *args), multiple_results=True)(ctx, *operands)
 
 
@@ -52,16 +55,29 @@ def _result_shapes(op: str, operands):
     return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands[1:4])
 
 
+def _roles(op: str, token_inputs: tuple = ()) -> tuple[tuple, tuple]:
+    """(operand roles, result roles) of `op` called with the token-mask operands `token_inputs`."""
+    operands, results = _ROLES[op]
+    return operands + tuple(_TOKEN_ROLES[name] for name in token_inputs), results
+
+
 @functools.lru_cache(maxsize=None)
-def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int):
-    """The kernel call with its sharding rules; one per (op, platform target, head counts)."""
+def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int, token_inputs: tuple):
+    """The kernel call with its sharding rules; one per (op, platform target, head counts, token-mask operands)."""
+    attention_operands = len(_ROLES[op][0])
 
     def kernel(config, *operands):
-        return jax.ffi.ffi_call(target, _result_shapes(op, operands))(*operands, **config.ffi_attributes())
+        # The FFI target takes every token-mask operand; absent ones are zero-size placeholders, made here (on each
+        # device) so that they never need a sharding.
+        given = dict(zip(token_inputs, operands[attention_operands:]))
+        tokens = [given.get(name, jnp.zeros((0,), jnp.int32)) for name in TOKEN_INPUTS]
+        operands = operands[:attention_operands]
+        return jax.ffi.ffi_call(target, _result_shapes(op, operands))(*operands, *tokens,
+                                                                      **config.ffi_attributes())
 
     def partition(config, mesh, arg_shapes, result_shape):
         del result_shape
-        arg_shardings, result_shardings, group_axes = _shardings(op, arg_shapes)
+        arg_shardings, result_shardings, group_axes = _shardings(op, arg_shapes, token_inputs)
         local = functools.partial(kernel, config)
         if op == "attention_bwd" and group_axes:
             local = functools.partial(_sum_kv_gradients, local, group_axes)
@@ -69,7 +85,7 @@ def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int):
 
     def infer_sharding_from_operands(config, mesh, arg_shapes, result_shape):
         del config, mesh, result_shape
-        return _shardings(op, arg_shapes)[1]
+        return _shardings(op, arg_shapes, token_inputs)[1]
 
     partitioned = custom_partitioning(kernel, static_argnums=(0,))
     partitioned.def_partition(
@@ -77,11 +93,11 @@ def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int):
         infer_sharding_from_operands=infer_sharding_from_operands,
         # In order of first appearance in the rule: Shardy rejects special factors listed out of order.
         need_replication_factors=("sq", "d", "sk"),
-        **_shardy_rule(op, heads_q, heads_kv))
+        **_shardy_rule(op, heads_q, heads_kv, token_inputs))
     return partitioned
 
 
-def _shardy_rule(op: str, heads_q: int, heads_kv: int) -> dict:
+def _shardy_rule(op: str, heads_q: int, heads_kv: int, token_inputs: tuple = ()) -> dict:
     """Einsum-like rule for Shardy, e.g. 'b sq (hk g) d, b sk hk d, b sk hk d -> b sq (hk g) d, b (hk g) sq'.
 
     Shardy allows no factor of size 1 in a compound, so without GQA the query heads are the kv heads' factor, and
@@ -93,8 +109,9 @@ def _shardy_rule(op: str, heads_q: int, heads_kv: int) -> dict:
         heads, sizes = "hk", {}
     elif heads_kv == 1:
         heads, sizes = "h", {}
-    layout = {"q": f"b sq {heads} d", "kv": "b sk hk d", "lse": f"b {heads} sq"}
-    operands, results = _ROLES[op]
+    layout = {"q": f"b sq {heads} d", "kv": "b sk hk d", "lse": f"b {heads} sq", "len": "b", "q_tok": "b sq",
+              "kv_tok": "b sk"}
+    operands, results = _roles(op, token_inputs)
     rule = ", ".join(layout[r] for r in operands) + " -> " + ", ".join(layout[r] for r in results)
     return dict(sharding_rule=rule, **sizes)
 
@@ -105,7 +122,7 @@ def _sum_kv_gradients(kernel, group_axes, *operands):
     return dq, jax.lax.psum(dk, group_axes), jax.lax.psum(dv, group_axes)
 
 
-def _shardings(op: str, arg_shapes):
+def _shardings(op: str, arg_shapes, token_inputs: tuple = ()):
     """(operand shardings, result shardings, group axes) from the query's batch and head shardings.
 
     Everything but the batch and head axes is replicated; XLA reshards any operand that arrives otherwise. The group
@@ -125,8 +142,9 @@ def _shardings(op: str, arg_shapes):
     batch = spec[0]
     heads, kv_heads = _head_axes(mesh, _axis_names(spec[2]), query.shape[2], heads_kv)
     specs = {"q": P(batch, None, _entry(heads), None), "kv": P(batch, None, _entry(kv_heads), None),
-             "lse": P(batch, _entry(heads), None)}
-    operands, results = _ROLES[op]
+             "lse": P(batch, _entry(heads), None), "len": P(batch), "q_tok": P(batch, None),
+             "kv_tok": P(batch, None)}
+    operands, results = _roles(op, token_inputs)
     return (tuple(NamedSharding(mesh, specs[r]) for r in operands),
             tuple(NamedSharding(mesh, specs[r]) for r in results), heads[len(kv_heads):])
 

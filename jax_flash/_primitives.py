@@ -1,8 +1,10 @@
 """The attention primitives: abstract evaluation, per-platform lowering to the FFI targets (with their sharding
 rules, jax_flash._partitioning), and batching.
 
-attention_fwd(q, k, v) -> (out, lse) and attention_bwd(dout, q, k, v, out, lse) -> (dq, dk, dv), with q/out/dout
-[batch, seq_q, heads_q, head_dim], k/v [batch, seq_k, heads_kv, head_dim] and lse [batch, heads_q, seq_q] float32.
+attention_fwd(q, k, v, *tokens) -> (out, lse) and attention_bwd(dout, q, k, v, out, lse, *tokens) -> (dq, dk, dv),
+with q/out/dout [batch, seq_q, heads_q, head_dim], k/v [batch, seq_k, heads_kv, head_dim], lse [batch, heads_q, seq_q]
+float32, and tokens the int32 token-mask operands that config.token_inputs names (lengths [batch], query segment ids
+and positions [batch, seq_q], key/value ones [batch, seq_k]).
 Autodiff lives one level up (jax_flash.attention), as a custom_vjp over these two.
 """
 
@@ -14,7 +16,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_flash import _ffi, _jax_internals, _partitioning
-from jax_flash._config import AttentionConfig
+from jax_flash._config import TOKEN_INPUTS, AttentionConfig
 
 attention_fwd_p = Primitive("jax_flash_attention_fwd")
 attention_fwd_p.multiple_results = True
@@ -35,13 +37,13 @@ def _lse_aval(q):
                     sharding=q.sharding.update(spec=(spec[0], spec[2], spec[1])))
 
 
-def _fwd_abstract_eval(q, k, v, *, config: AttentionConfig):
-    del k, v, config  # validated by jax_flash.attention before binding
+def _fwd_abstract_eval(q, k, v, *tokens, config: AttentionConfig):
+    del k, v, tokens, config  # validated by jax_flash.attention before binding
     return q.update(weak_type=False), _lse_aval(q)
 
 
-def _bwd_abstract_eval(dout, q, k, v, out, lse, *, config: AttentionConfig):
-    del dout, out, lse, config
+def _bwd_abstract_eval(dout, q, k, v, out, lse, *tokens, config: AttentionConfig):
+    del dout, out, lse, tokens, config
     return q.update(weak_type=False), k.update(weak_type=False), v.update(weak_type=False)
 
 
@@ -73,12 +75,21 @@ def _check_platform(platform: str, head_dim: int) -> None:
                          f"and at most {MAX_HEAD_DIM}; pass implementation='xla' for other sizes")
 
 
+def _check_token_inputs(platform: str, config: AttentionConfig) -> None:
+    if platform == "cuda" and config.token_inputs:
+        arguments = sorted({TOKEN_INPUTS[name] for name in config.token_inputs})
+        raise NotImplementedError(
+            f"jax_flash.dot_product_attention: {', '.join(arguments)} (segment ids / sequence lengths) are not "
+            f"implemented in the CUDA kernels yet; they run on the CPU kernels, or pass implementation='xla'")
+
+
 def _lowering(op: str, platform: str):
     target = _ffi.target_name(op, platform)
 
     def rule(ctx, *operands, config: AttentionConfig):
         # q is operand 0 of the forward and operand 1 of the backward (after dout); both carry head_dim last.
         _check_platform(platform, ctx.avals_in[0].shape[-1])
+        _check_token_inputs(platform, config)
         return _partitioning.lower(ctx, operands, op=op, target=target, config=config)
 
     return rule

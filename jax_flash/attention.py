@@ -6,7 +6,7 @@ import functools
 
 import jax
 
-from jax_flash import _jax_internals, _validation
+from jax_flash import _jax_internals, _token_mask, _validation
 from jax_flash._config import AttentionConfig
 from jax_flash._primitives import attention_bwd_p, attention_fwd_p
 from jax_flash.reference import attention_reference
@@ -14,21 +14,21 @@ from jax_flash.reference import attention_reference
 IMPLEMENTATIONS = (None, "xla")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _flash_attention(query, key, value, config: AttentionConfig):
-    out, _ = attention_fwd_p.bind(query, key, value, config=config)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash_attention(query, key, value, tokens: tuple, config: AttentionConfig):
+    out, _ = attention_fwd_p.bind(query, key, value, *tokens, config=config)
     return out
 
 
-def _flash_attention_fwd(query, key, value, config):
-    out, lse = attention_fwd_p.bind(query, key, value, config=config)
-    return out, (query, key, value, out, lse)
+def _flash_attention_fwd(query, key, value, tokens, config):
+    out, lse = attention_fwd_p.bind(query, key, value, *tokens, config=config)
+    return out, (query, key, value, tokens, out, lse)
 
 
 def _flash_attention_bwd(config, residuals, dout):
-    query, key, value, out, lse = residuals
-    dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, config=config)
-    return dq, dk, dv
+    query, key, value, tokens, out, lse = residuals
+    dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, *tokens, config=config)
+    return dq, dk, dv, None  # the int32 token-mask operands have no gradient
 
 
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
@@ -36,43 +36,55 @@ _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal: bool = False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                          implementation=None, softcap=None):
+                          implementation=None, softcap=None, segment_ids=None, segment_positions=None):
     """Scaled dot-product attention, softmax(scale * q k^T) v, with jax.nn.dot_product_attention's arguments.
 
     Args:
       query: [batch, seq_q, heads_q, head_dim] (or [seq_q, heads_q, head_dim]).
       key, value: [batch, seq_k, heads_kv, head_dim]; heads_q must be a multiple of heads_kv (GQA/MQA), and the
         kernels read each K/V head once instead of repeating it (under vmap, unbatched K/V are broadcast).
-      bias, mask, query_seq_lengths, key_value_seq_lengths: not supported yet; passing one raises.
+      bias, mask: not supported; passing one raises.
       scale: softmax scale, a concrete number; default 1/sqrt(head_dim).
       is_causal: query i sees keys j <= i (top-left aligned, as in jax.nn).
+      query_seq_lengths, key_value_seq_lengths: int32 [batch] (as in jax.nn; [1] for inputs without a batch axis):
+        query rows i >= query_seq_lengths[b] output 0, keys j >= key_value_seq_lengths[b] are seen by no query.
       local_window_size: int w or (left, right): query i sees keys i-left <= j <= i+right.
       implementation: None for jax_flash's kernels on the current platform, 'xla' for the pure-JAX reference.
       softcap: if > 0, logits s become softcap * tanh(s / softcap) before the softmax; None or 0 means no capping.
+      segment_ids: int32 [batch, seq] for self-attention (seq_q == seq_k), or a (query, key_value) tuple of
+        [batch, seq_q] and [batch, seq_k] arrays: query i sees key j only when their segment ids are equal (packed
+        sequences). Any int32 values; no value is special.
+      segment_positions: same forms as segment_ids: the positions that is_causal and local_window_size compare
+        instead of the indices i and j (e.g. each token's position within its document).
 
     Returns:
-      The attention output, shaped and typed like query. Rows that see no key are 0.
+      The attention output, shaped and typed like query. Rows that see no key (past their length, in a segment
+      absent from the keys, or outside every window) are 0, and so are their gradients. Only the CPU kernels (and
+      implementation='xla') take the token-mask arguments so far; the CUDA kernels raise NotImplementedError.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     for name, arg, instead in (
             ("bias", bias, "no bias term is supported yet"),
-            ("mask", mask, "use is_causal or local_window_size"),
-            ("query_seq_lengths", query_seq_lengths, "sequence lengths are not supported yet"),
-            ("key_value_seq_lengths", key_value_seq_lengths, "sequence lengths are not supported yet")):
+            ("mask", mask, "use is_causal, local_window_size, the *_seq_lengths or segment_ids")):
         if arg is not None:
             raise NotImplementedError(f"jax_flash.dot_product_attention does not accept {name}: {instead}")
     _validation.check_qkv(query, key, value)
     scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
     window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
-    config = AttentionConfig(scale, window_left, window_right, softcap)
+    tokens = _token_mask.token_operands(query, key, query_seq_lengths=query_seq_lengths,
+                                        key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids,
+                                        segment_positions=segment_positions)
+    config = AttentionConfig(scale, window_left, window_right, softcap, tuple(tokens))
 
     unbatched = query.ndim == 3
     if unbatched:
         query, key, value = query[None], key[None], value[None]
     if implementation == "xla":
         out = attention_reference(query, key, value, scale=scale, window_left=window_left,
-                                  window_right=window_right, softcap=softcap)
+                                  window_right=window_right, softcap=softcap, **tokens)
     else:
-        out = _flash_attention(*_jax_internals.match_varying_axes(query, key, value), config)
+        # The token-mask operands join the varying-axes match so that inside shard_map they vary like q, k, v.
+        query, key, value, *token_arrays = _jax_internals.match_varying_axes(query, key, value, *tokens.values())
+        out = _flash_attention(query, key, value, tuple(token_arrays), config)
     return out[0] if unbatched else out

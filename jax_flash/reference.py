@@ -8,11 +8,15 @@ import jax.numpy as jnp
 
 
 def attention_reference(query, key, value, *, scale: float, window_left: int = -1, window_right: int = -1,
-                        softcap: float = 0.0, return_lse: bool = False):
+                        softcap: float = 0.0, return_lse: bool = False, q_lengths=None, kv_lengths=None,
+                        q_segment_ids=None, kv_segment_ids=None, q_positions=None, kv_positions=None):
     """query [B, Sq, Hq, D], key/value [B, Sk, Hkv, D] with Hq a multiple of Hkv.
 
-    Query i sees key j when i - window_left <= j <= i + window_right (negative bound: unbounded). Rows that see no
-    key give 0 (and lse -inf). Returns out in query's dtype, and lse [B, Hq, Sq] float32 when return_lse.
+    Query i sees key j when pi - window_left <= pj <= pi + window_right (negative bound: unbounded), where pi and pj
+    are q_positions[b, i] and kv_positions[b, j] when given, else i and j; and, for those given, when
+    i < q_lengths[b], j < kv_lengths[b] and q_segment_ids[b, i] == kv_segment_ids[b, j] (lengths [B], query
+    segment ids and positions [B, Sq], key/value ones [B, Sk]). Rows that see no key give 0 (and lse -inf).
+    Returns out in query's dtype, and lse [B, Hq, Sq] float32 when return_lse.
     """
     compute_dtype = jnp.promote_types(query.dtype, jnp.float32)
     batch, seq_q, heads_q, head_dim = query.shape
@@ -25,14 +29,23 @@ def attention_reference(query, key, value, *, scale: float, window_left: int = -
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", q, k) * scale
     if softcap > 0:
         logits = softcap * jnp.tanh(logits / softcap)
-    rows = jnp.arange(seq_q)[:, None]
-    cols = jnp.arange(seq_k)[None, :]
-    visible = jnp.ones((seq_q, seq_k), bool)
+    # visible is [B or 1, Sq, Sk].
+    rows = jnp.arange(seq_q, dtype=jnp.int32)[None, :, None]
+    cols = jnp.arange(seq_k, dtype=jnp.int32)[None, None, :]
+    row_pos = rows if q_positions is None else q_positions[:, :, None]
+    col_pos = cols if kv_positions is None else kv_positions[:, None, :]
+    visible = jnp.ones((1, seq_q, seq_k), bool)
     if window_left >= 0:
-        visible &= cols >= rows - window_left
+        visible &= col_pos >= row_pos - window_left
     if window_right >= 0:
-        visible &= cols <= rows + window_right
-    logits = jnp.where(visible, logits, -jnp.inf)
+        visible &= col_pos <= row_pos + window_right
+    if q_lengths is not None:
+        visible &= rows < q_lengths[:, None, None]
+    if kv_lengths is not None:
+        visible &= cols < kv_lengths[:, None, None]
+    if q_segment_ids is not None:
+        visible &= q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+    logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
 
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0)

@@ -128,16 +128,18 @@ def visible_mask(seq_q: int, seq_k: int, left: int, right: int) -> np.ndarray:
     return visible
 
 
-def numpy_attention(q, k, v, cotangent=None, *, scale=None, is_causal=False, local_window_size=None, softcap=None):
+def numpy_attention(q, k, v, cotangent=None, *, scale=None, is_causal=False, local_window_size=None, softcap=None,
+                    visible=None):
     """Independent float64 numpy attention (4-D inputs). Returns out, or (out, (dq, dk, dv)) given a cotangent,
-    the gradients of sum(out * cotangent) derived by hand. Rows that see no key give 0 and zero gradients."""
+    the gradients of sum(out * cotangent) derived by hand. Rows that see no key give 0 and zero gradients.
+    visible, [batch, seq_q, seq_k] bool, replaces the mask of is_causal and local_window_size when given."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     batch, seq_q, heads_q, head_dim = q.shape
     seq_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     left, right = window_bounds(is_causal, local_window_size)
-    visible = visible_mask(seq_q, seq_k, left, right)
+    visible = visible_mask(seq_q, seq_k, left, right) if visible is None else visible[:, None, None]
 
     qg = q.reshape(batch, seq_q, heads_kv, group, head_dim)  # query head h reads kv head h // group
     raw = np.einsum("bthgd,bshd->bhgts", qg, k, optimize=True) * scale

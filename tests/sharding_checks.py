@@ -109,6 +109,44 @@ def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64):
     return _result(name, got, _unsharded(is_causal, inputs), step.lower(*sharded).compile())
 
 
+def _token_inputs(seed):
+    """Query and key/value segment ids (3 documents at random cuts per row) and key/value lengths, int32."""
+    rng = np.random.default_rng(seed)
+    q_ids, kv_ids = (np.sort(rng.integers(0, 3, (BATCH, seq)), axis=1).astype(np.int32) for seq in (SEQ_Q, SEQ_K))
+    return [q_ids, kv_ids, rng.integers(1, SEQ_K + 1, BATCH).astype(np.int32)]
+
+
+def _with_tokens(attention):
+    """(q, k, v, cotangent, q_ids, kv_ids, kv_lengths) -> (out, dq, dk, dv) with segment ids and lengths."""
+
+    def run(q, k, v, cotangent, q_ids, kv_ids, kv_lengths):
+        masked = functools.partial(attention, segment_ids=(q_ids, kv_ids), key_value_seq_lengths=kv_lengths)
+        return _forward_and_gradients(masked)(q, k, v, cotangent)
+
+    return run
+
+
+def tokens_check(name, *, shard_map=False):
+    """Segment ids and lengths sharded along the batch with q/k/v (batch x heads), under jit or inside shard_map."""
+    mesh = _mesh((4, 2), ("dp", "tp"))
+    spec, token_spec = P("dp", None, "tp"), P("dp")
+    inputs = _inputs(len(name), 4, 2) + _token_inputs(len(name))
+    attention = functools.partial(jax_flash.dot_product_attention, is_causal=True)
+    step = _with_tokens(attention)
+    if shard_map:
+        per_shard = jax.shard_map(
+            lambda q, k, v, q_ids, kv_ids, kv_lengths: attention(q, k, v, segment_ids=(q_ids, kv_ids),
+                                                                 key_value_seq_lengths=kv_lengths),
+            mesh=mesh, in_specs=(spec,) * 3 + (token_spec,) * 3, out_specs=spec)
+
+        def step(q, k, v, cotangent, *tokens):
+            return _forward_and_gradients(lambda q, k, v: per_shard(q, k, v, *tokens))(q, k, v, cotangent)
+    step = jax.jit(step)
+    sharded = _put(mesh, inputs, (spec,) * 4 + (token_spec,) * 3)
+    want = jax.jit(_with_tokens(attention))(*inputs)
+    return _result(name, step(*sharded), want, step.lower(*sharded).compile())
+
+
 def _gspmd(check, **kwargs):
     """The check under the GSPMD partitioner (jax_use_shardy_partitioner=False), which uses the callbacks."""
     jax.config.update("jax_use_shardy_partitioner", False)
@@ -137,6 +175,11 @@ GROUPS = {
         shard_map_check("batch_x_heads", **GQA, **BATCH_X_HEADS, is_causal=True),
         # K/V replicated over 'tp' while the query heads are split: their gradients must be summed over 'tp'.
         shard_map_check("mqa_kv_replicated", heads_q=4, heads_kv=1, q_spec=P("dp", None, "tp"), kv_spec=P("dp")),
+    ],
+    "tokens": lambda: [
+        tokens_check("batch_x_heads_tokens"),
+        _gspmd(tokens_check, name="batch_x_heads_tokens_gspmd"),
+        tokens_check("shard_map_tokens", shard_map=True),
     ],
     "ring": lambda: [
         ring_check("ring", mesh_shape=(8,), is_causal=False),

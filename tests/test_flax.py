@@ -222,7 +222,8 @@ def _reference_layer(params, x, positions, *, num_heads, num_kv_heads=None, head
 def _linen_layer(config, x, key):
     layer = jff.linen.Attention(**config)
     params = layer.init(key, x)["params"]
-    return lambda params, x, positions=None: layer.apply({"params": params}, x, positions), params
+    return (lambda params, x, positions=None, **kwargs: layer.apply({"params": params}, x, positions, **kwargs),
+            params)
 
 
 def _nnx_layer(config, x, key):
@@ -279,6 +280,31 @@ def test_rotary_embedding_changes_the_output(rng):
     without_rotary = layer.clone(use_rotary=False).apply(params, x)
     _assert_trees_close(shifted, out, FLOAT32_TOLERANCE, "positions shifted by 37")
     assert np.max(np.abs(np.asarray(without_rotary - out))) > 1e-2 * np.max(np.abs(np.asarray(out)))
+
+
+@pytest.mark.parametrize("framework", list(LAYER_BUILDERS))
+def test_packed_documents_match_separate_calls(rng, framework):
+    """Two documents packed in one row, then padding: with segment ids, segment positions (also the rotary
+    positions) and the row's length, each document's output is the layer's output on that document alone, and the
+    padding's is the output projection's bias (attention gives 0 there)."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("segment ids / sequence lengths are not implemented in the CUDA kernels yet")
+    config = dict(num_heads=HEADS, num_kv_heads=2, is_causal=True, use_rotary=True, use_bias=True)
+    lengths = (5, 4)  # then SEQ - 9 padding tokens
+    x = _normal(rng, (1, SEQ, FEATURES))
+    apply, params = LAYER_BUILDERS[framework](config, x, _prng_key(rng))
+    ids = np.array([[0] * lengths[0] + [1] * lengths[1] + [2] * (SEQ - sum(lengths))], np.int32)
+    positions = np.array([[*range(lengths[0]), *range(lengths[1]), *range(SEQ - sum(lengths))]], np.int32)
+    packed = at.run_flash_checked(
+        lambda p, x: apply(p, x, segment_ids=ids, segment_positions=positions,
+                           seq_lengths=np.array([sum(lengths)], np.int32)), (params, x), "cpu")
+    first = jax.jit(apply)(params, x[:, :lengths[0]])
+    second = jax.jit(apply)(params, x[:, lengths[0]:sum(lengths)])
+    used = sum(lengths)
+    _assert_trees_close(packed[:, :lengths[0]], first, FLOAT32_TOLERANCE, f"{framework} first document")
+    _assert_trees_close(packed[:, lengths[0]:used], second, FLOAT32_TOLERANCE, f"{framework} second document")
+    out_bias = np.asarray(_plain(params)["out"]["bias"])
+    np.testing.assert_array_equal(packed[0, used:], np.broadcast_to(out_bias, (SEQ - used, FEATURES)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -29,10 +29,11 @@ def test_forward_is_one_custom_call_and_no_attention_math(platform, rng, dtype):
     # No matmul, exp or reduction outside the kernel: the reference did not sneak in.
     for op in ("stablehlo.dot_general", "stablehlo.exponential", "stablehlo.reduce"):
         assert op not in text, op
-    # K/V go in with their own heads_kv (never repeated for GQA); lse comes out as [batch, heads_q, seq_q] float32.
+    # K/V go in with their own heads_kv (never repeated for GQA), then the six token-mask operands, all zero-size
+    # placeholders here; lse comes out as [batch, heads_q, seq_q] float32.
     element = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
-    assert (f"(tensor<2x17x4x64x{element}>, tensor<2x33x2x64x{element}>, tensor<2x33x2x64x{element}>) -> "
-            f"(tensor<2x17x4x64x{element}>, tensor<2x4x17xf32>)") in text
+    assert (f"(tensor<2x17x4x64x{element}>, tensor<2x33x2x64x{element}>, tensor<2x33x2x64x{element}>, "
+            f"{', '.join(['tensor<0xi32>'] * 6)}) -> (tensor<2x17x4x64x{element}>, tensor<2x4x17xf32>)") in text
 
 
 def test_gradient_calls_forward_and_backward_kernels(platform, rng):

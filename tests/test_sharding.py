@@ -64,6 +64,10 @@ def test_inside_shard_map():
     _assert_all_pass("shard_map")
 
 
+def test_segment_ids_and_lengths_follow_the_batch_sharding():
+    _assert_all_pass("tokens")
+
+
 def test_ring_attention_matches_unsharded_call():
     results = _assert_all_pass("ring")
     assert all(r["collective_permute"] for r in results)
@@ -93,6 +97,10 @@ def test_shardy_rules():
         sharding_rule="b sq hk d, b sq hk d, b sk hk d, b sk hk d, b sq hk d, b hk sq -> b sq hk d, b sk hk d, "
                       "b sk hk d")
     assert _partitioning._shardy_rule("attention_fwd", 4, 1)["sharding_rule"].startswith("b sq h d, b sk hk d")
+    # Token-mask operands: lengths [batch], query ones [batch, seq_q], key/value ones [batch, seq_k].
+    tokens = ("kv_lengths", "q_segment_ids", "kv_segment_ids")
+    assert _partitioning._shardy_rule("attention_fwd", 2, 2, tokens) == dict(
+        sharding_rule="b sq hk d, b sk hk d, b sk hk d, b, b sq, b sk -> b sq hk d, b hk sq")
 
 
 def test_zigzag_permutation():

@@ -4,6 +4,7 @@
 // the chunks in a fixed order: the result is deterministic.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "../attention_mask.h"
@@ -11,6 +12,7 @@
 #include "float_convert.h"
 #include "tile_math.h"
 #include "tiling.h"
+#include "token_blocks.h"
 
 namespace jax_flash {
 namespace {
@@ -44,9 +46,11 @@ void compute_delta(const AttentionBackwardParams& p, float* delta, const Paralle
   });
 }
 
-// One key tile [j0, j0 + cols) of kv head hk against one query tile [i0, i0 + rows) of query head h.
+// One key tile [j0, j0 + cols) of kv head hk against one query tile [i0, i0 + rows) of query head h. Unless
+// fully_visible, each element is tested: by `blocks` (the per-token inputs) when given, else by the window.
 void backward_block(const AttentionBackwardParams& p, const float* delta, int64_t b, int64_t h, int64_t i0,
-                    int64_t rows, int64_t j0, int64_t cols, BackwardScratch& t, float* dq_accum) {
+                    int64_t rows, int64_t j0, int64_t cols, bool fully_visible, const cpu::TokenBlocks* blocks,
+                    BackwardScratch& t, float* dq_accum) {
   const AttentionShape& sh = p.shape;
   const int64_t d = sh.head_dim;
   for (int64_t r = 0; r < rows; ++r) {
@@ -57,12 +61,12 @@ void backward_block(const AttentionBackwardParams& p, const float* delta, int64_
   // S = (scale Q) K^T, then P = exp(capped(S) - lse), zero where masked.
   std::fill(t.s.begin(), t.s.begin() + rows * kKeyTile, 0.f);
   cpu::gemm_accumulate(t.s.data(), kKeyTile, t.q.data(), d, t.k_t.data(), kKeyTile, rows, cols, d);
-  const bool fully_visible = key_visible(p.mask, i0 + rows - 1, j0) && key_visible(p.mask, i0, j0 + cols - 1);
   const float* lse = p.lse + (b * sh.heads_q + h) * sh.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r) {
     float* s = &t.s[r * kKeyTile];
     for (int64_t c = 0; c < cols; ++c) {
-      const bool visible = fully_visible || key_visible(p.mask, i0 + r, j0 + c);
+      const bool visible = fully_visible || (blocks ? blocks->visible(b, i0 + r, j0 + c)
+                                                    : key_visible(p.mask, i0 + r, j0 + c));
       s[c] = visible ? capped_logit(s[c], p.mask.softcap) : -INFINITY;
     }
     // Rows that saw no key in the forward have lse = -inf; all their logits here are masked too.
@@ -103,6 +107,8 @@ void attention_backward_cpu(const AttentionBackwardParams& p, int64_t num_thread
   const int64_t d = sh.head_dim, group = sh.group();
   const int64_t q_elements = sh.batch * sh.seqlen_q * sh.heads_q * d;
 
+  std::optional<cpu::TokenBlocks> blocks;
+  if (p.tokens.any()) blocks.emplace(sh, p.mask, p.tokens);
   std::vector<float> delta(sh.batch * sh.heads_q * sh.seqlen_q);
   compute_delta(p, delta.data(), parallel_for);
 
@@ -131,12 +137,30 @@ void attention_backward_cpu(const AttentionBackwardParams& p, int64_t num_thread
       }
       std::fill(t.dk.begin(), t.dk.end(), 0.f);
       std::fill(t.dv.begin(), t.dv.end(), 0.f);
-      const int64_t row_begin = first_row_seeing(p.mask, j0);
-      const int64_t row_end = end_row_seeing(p.mask, j0 + cols, sh.seqlen_q);
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i0 = row_begin; i0 < row_end; i0 += kQueryTile)
-          backward_block(p, delta.data(), b, hk * group + g, i0, std::min(kQueryTile, row_end - i0), j0, cols, t,
-                         chunk_dq);
+      if (blocks) {
+        // Query tiles on the grid the block summaries describe; the empty ones are skipped.
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t query_tile = 0; query_tile < blocks->query_tiles(); ++query_tile) {
+            const cpu::BlockKind kind = blocks->classify(b, query_tile, tile);
+            if (kind == cpu::BlockKind::kEmpty) continue;
+            const int64_t i0 = query_tile * kQueryTile;
+            backward_block(p, delta.data(), b, hk * group + g, i0, std::min(kQueryTile, sh.seqlen_q - i0), j0, cols,
+                           kind == cpu::BlockKind::kFull, &*blocks, t, chunk_dq);
+          }
+      } else {
+        // The window bounds the rows that see this key tile to one range.
+        const int64_t row_begin = first_row_seeing(p.mask, j0);
+        const int64_t row_end = end_row_seeing(p.mask, j0 + cols, sh.seqlen_q);
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t i0 = row_begin; i0 < row_end; i0 += kQueryTile) {
+            const int64_t rows = std::min(kQueryTile, row_end - i0);
+            // The visible band is convex, so two corners decide whether the block needs a mask.
+            const bool fully_visible =
+                key_visible(p.mask, i0 + rows - 1, j0) && key_visible(p.mask, i0, j0 + cols - 1);
+            backward_block(p, delta.data(), b, hk * group + g, i0, rows, j0, cols, fully_visible, nullptr, t,
+                           chunk_dq);
+          }
+      }
       for (int64_t c = 0; c < cols; ++c) {
         const int64_t offset = ((b * sh.seqlen_k + j0 + c) * sh.heads_kv + hk) * d;
         cpu::store_floats(p.dtype, &t.dk[c * d], 1.f, d, p.dk, offset);

@@ -2,6 +2,7 @@
 
 #include <sstream>
 #include <tuple>
+#include <vector>
 
 namespace jax_flash {
 namespace {
@@ -70,12 +71,65 @@ ffi::Error check_lse(ffi::Span<const int64_t> dims, const AttentionShape& shape)
   return ffi::Error::Success();
 }
 
+// Fills `mask` from the token-mask operands, checking each present one's dtype and shape, that the absent ones are
+// zero-size placeholders, and that segment ids and positions come as (query, key/value) pairs.
+ffi::Error decode_tokens(const ffi::RemainingArgs& args, int64_t present, const AttentionShape& shape,
+                         TokenMask* mask) {
+  struct Input {
+    const char* name;
+    int64_t bit;
+    std::vector<int64_t> dims;
+    const int32_t** data;
+  };
+  const Input inputs[kTokenInputCount] = {
+      {"query_seq_lengths", kQueryLengths, {shape.batch}, &mask->q_lengths},
+      {"key_value_seq_lengths", kKeyValueLengths, {shape.batch}, &mask->kv_lengths},
+      {"query segment ids", kQuerySegmentIds, {shape.batch, shape.seqlen_q}, &mask->q_segment_ids},
+      {"key/value segment ids", kKeyValueSegmentIds, {shape.batch, shape.seqlen_k}, &mask->kv_segment_ids},
+      {"query segment positions", kQueryPositions, {shape.batch, shape.seqlen_q}, &mask->q_positions},
+      {"key/value segment positions", kKeyValuePositions, {shape.batch, shape.seqlen_k}, &mask->kv_positions},
+  };
+  if (args.size() != kTokenInputCount)
+    return invalid("expected " + std::to_string(kTokenInputCount) + " token-mask operands after the attention "
+                   "operands, got " + std::to_string(args.size()));
+  if (present & ~int64_t{(1 << kTokenInputCount) - 1}) return invalid("unknown bits in mask_inputs");
+  for (int64_t pair : {kQuerySegmentIds | kKeyValueSegmentIds, kQueryPositions | kKeyValuePositions})
+    if ((present & pair) != 0 && (present & pair) != pair)
+      return invalid("segment ids and segment positions must be given for both queries and keys/values");
+  for (int i = 0; i < kTokenInputCount; ++i) {
+    const Input& input = inputs[i];
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    if (buffer->element_type() != ffi::DataType::S32) return invalid(std::string(input.name) + " must be int32");
+    const auto dims = buffer->dimensions();
+    if (!(present & input.bit)) {
+      if (buffer->element_count() != 0)
+        return invalid(std::string(input.name) + " is marked absent but its placeholder is not empty");
+      continue;
+    }
+    if (!same_dims(dims, ffi::Span<const int64_t>(input.dims.data(), input.dims.size())))
+      return invalid(std::string(input.name) + " has shape " + dims_string(dims) + ", expected " +
+                     dims_string(ffi::Span<const int64_t>(input.dims.data(), input.dims.size())));
+    *input.data = buffer->typed_data<int32_t>();
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
+ffi::Error require_no_tokens(const TokenMask& tokens, const char* platform) {
+  if (!tokens.any()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    std::string("jax_flash: segment ids / sequence lengths are not implemented in the ") + platform +
+                        " kernels yet");
+}
+
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                          const ffi::AnyBuffer& v, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
-                          const AttentionAttrs& attrs, AttentionForwardParams* params) {
+                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
+                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {
   if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = decode_tokens(tokens, attrs.mask_inputs, params->shape, &params->tokens); error.failure())
+    return error;
   if (auto error = check_like("out", out, q); error.failure()) return error;
   if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
   params->mask = to_mask(attrs);
@@ -90,9 +144,12 @@ ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q,
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
-                           const ffi::Buffer<ffi::F32>& lse, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk,
-                           ffi::AnyBuffer& dv, const AttentionAttrs& attrs, AttentionBackwardParams* params) {
+                           const ffi::Buffer<ffi::F32>& lse, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& dq,
+                           ffi::AnyBuffer& dk, ffi::AnyBuffer& dv, const AttentionAttrs& attrs,
+                           AttentionBackwardParams* params) {
   if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = decode_tokens(tokens, attrs.mask_inputs, params->shape, &params->tokens); error.failure())
+    return error;
   if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
   using Pair = std::tuple<const char*, const ffi::AnyBuffer*, const ffi::AnyBuffer*>;
   for (auto [name, buffer, like] : {Pair{"dout", &dout, &q}, Pair{"out", &out, &q}, Pair{"dq", &dq, &q},

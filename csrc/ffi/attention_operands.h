@@ -15,19 +15,21 @@ namespace jax_flash {
 
 namespace ffi = ::xla::ffi;
 
-// forward(q, k, v) -> (out, lse)
+// forward(q, k, v, <token-mask operands>) -> (out, lse); the token-mask operands (TokenInput, attention_attrs.h)
+// arrive as the remaining arguments and are decoded by decode_forward.
 template <typename Binding>
 auto bind_forward_operands(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
+      .RemainingArgs()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::Buffer<ffi::F32>>()
       .template Attrs<AttentionAttrs>();
 }
 
-// backward(dout, q, k, v, out, lse) -> (dq, dk, dv)
+// backward(dout, q, k, v, out, lse, <token-mask operands>) -> (dq, dk, dv)
 template <typename Binding>
 auto bind_backward_operands(Binding binding) {
   return std::move(binding)
@@ -37,6 +39,7 @@ auto bind_backward_operands(Binding binding) {
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::Buffer<ffi::F32>>()
+      .RemainingArgs()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
@@ -49,14 +52,18 @@ struct PlatformLimits {
   int64_t head_dim_multiple;
 };
 
-// Validate the operands (shapes, dtypes, platform limits) and fill the kernel params.
+// Validate the operands (shapes, dtypes, platform limits) and fill the kernel params, tokens included.
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                          const ffi::AnyBuffer& v, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
-                          const AttentionAttrs& attrs, AttentionForwardParams* params);
+                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
+                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params);
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
-                           const ffi::Buffer<ffi::F32>& lse, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk,
-                           ffi::AnyBuffer& dv, const AttentionAttrs& attrs, AttentionBackwardParams* params);
+                           const ffi::Buffer<ffi::F32>& lse, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& dq,
+                           ffi::AnyBuffer& dk, ffi::AnyBuffer& dv, const AttentionAttrs& attrs,
+                           AttentionBackwardParams* params);
+
+// The error of a platform whose kernels do not take token-mask operands yet, or Success when the call has none.
+ffi::Error require_no_tokens(const TokenMask& tokens, const char* platform);
 
 }  // namespace jax_flash

@@ -46,18 +46,21 @@ ParallelFor pool_parallel_for(ffi::ThreadPool& pool) {
 int64_t worker_count(ffi::ThreadPool& pool) { return pool.num_threads() + 1; }
 
 ffi::Error forward_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, AttentionAttrs attrs) {
+                       ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::Buffer<ffi::F32>> lse, AttentionAttrs attrs) {
   AttentionForwardParams params{};
-  if (auto error = decode_forward(kCpuLimits, q, k, v, *out, *lse, attrs, &params); error.failure()) return error;
+  if (auto error = decode_forward(kCpuLimits, q, k, v, tokens, *out, *lse, attrs, &params); error.failure())
+    return error;
   attention_forward_cpu(params, worker_count(pool), pool_parallel_for(pool));
   return ffi::Error::Success();
 }
 
 ffi::Error backward_cpu(ffi::ThreadPool pool, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse, ffi::Result<ffi::AnyBuffer> dq,
-                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv, AttentionAttrs attrs) {
+                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse, ffi::RemainingArgs tokens,
+                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                        AttentionAttrs attrs) {
   AttentionBackwardParams params{};
-  if (auto error = decode_backward(kCpuLimits, dout, q, k, v, out, lse, *dq, *dk, *dv, attrs, &params);
+  if (auto error = decode_backward(kCpuLimits, dout, q, k, v, out, lse, tokens, *dq, *dk, *dv, attrs, &params);
       error.failure())
     return error;
   attention_backward_cpu(params, worker_count(pool), pool_parallel_for(pool));

@@ -23,21 +23,24 @@ ffi::Error launch_status(const char* what, cudaError_t status) {
 }
 
 ffi::Error forward_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                        AttentionAttrs attrs) {
+                        ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::Buffer<ffi::F32>> lse, AttentionAttrs attrs) {
   AttentionForwardParams params{};
-  if (auto error = decode_forward(kCudaLimits, q, k, v, *out, *lse, attrs, &params); error.failure()) return error;
+  if (auto error = decode_forward(kCudaLimits, q, k, v, tokens, *out, *lse, attrs, &params); error.failure())
+    return error;
+  if (auto error = require_no_tokens(params.tokens, "CUDA"); error.failure()) return error;
   return launch_status("attention forward launch", launch_attention_forward(params, stream));
 }
 
 ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer dout, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse,
-                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                         ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                          ffi::Result<ffi::AnyBuffer> dv, AttentionAttrs attrs) {
   AttentionBackwardParams params{};
-  if (auto error = decode_backward(kCudaLimits, dout, q, k, v, out, lse, *dq, *dk, *dv, attrs, &params);
+  if (auto error = decode_backward(kCudaLimits, dout, q, k, v, out, lse, tokens, *dq, *dk, *dv, attrs, &params);
       error.failure())
     return error;
+  if (auto error = require_no_tokens(params.tokens, "CUDA"); error.failure()) return error;
   const size_t workspace_bytes = attention_backward_workspace_bytes(params.shape);
   void* workspace = nullptr;
   if (workspace_bytes > 0) {

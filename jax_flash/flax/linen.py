@@ -44,9 +44,11 @@ class Attention(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, inputs, positions=None):
+    def __call__(self, inputs, positions=None, *, segment_ids=None, segment_positions=None, seq_lengths=None):
         """inputs [batch, seq, features]; positions [batch, seq] or [seq] for the rotary embeddings (default
-        0..seq-1)."""
+        segment_positions, else 0..seq-1). Packed sequences: segment_ids [batch, seq] int32 (tokens attend within
+        their segment), segment_positions [batch, seq] int32 (the positions causal / window masks compare), and
+        padding: seq_lengths [batch] int32, as in jax_flash.dot_product_attention (CPU kernels only for now)."""
         features = inputs.shape[-1]
         num_kv_heads, head_dim = head_layout(features, self.num_heads, self.num_kv_heads, self.head_dim)
         projection = functools.partial(nn.DenseGeneral, use_bias=self.use_bias, dtype=self.dtype,
@@ -55,5 +57,6 @@ class Attention(nn.Module):
         key = projection((num_kv_heads, head_dim), name="key")(inputs)
         value = projection((num_kv_heads, head_dim), name="value")(inputs)
         out = attend(query, key, value, positions, is_causal=self.is_causal, local_window_size=self.local_window_size,
-                     softcap=self.softcap, use_rotary=self.use_rotary, rope_base=self.rope_base)
+                     softcap=self.softcap, use_rotary=self.use_rotary, rope_base=self.rope_base,
+                     segment_ids=segment_ids, segment_positions=segment_positions, seq_lengths=seq_lengths)
         return projection(features, axis=(-2, -1), name="out")(out)

@@ -38,10 +38,11 @@ class Attention(nnx.Module):
         self.use_rotary = use_rotary
         self.rope_base = rope_base
 
-    def __call__(self, inputs, positions=None):
-        """inputs [batch, seq, in_features]; positions [batch, seq] or [seq] for the rotary embeddings (default
-        0..seq-1)."""
+    def __call__(self, inputs, positions=None, *, segment_ids=None, segment_positions=None, seq_lengths=None):
+        """inputs [batch, seq, in_features]; positions, segment_ids, segment_positions and seq_lengths as in
+        jax_flash.flax.linen.Attention."""
         out = attend(self.query(inputs), self.key(inputs), self.value(inputs), positions, is_causal=self.is_causal,
                      local_window_size=self.local_window_size, softcap=self.softcap, use_rotary=self.use_rotary,
-                     rope_base=self.rope_base)
+                     rope_base=self.rope_base, segment_ids=segment_ids, segment_positions=segment_positions,
+                     seq_lengths=seq_lengths)
         return self.out(out)
