@@ -1,7 +1,6 @@
-// ParallelFor over XLA's intra-op CPU thread pool, for the decode handlers. It follows the scheme of
-// cpu_handlers.cc (which keeps its own copy for now; the two can become this one header): the calling thread works
-// too and waits only for the items, never for pool tasks to start, so a pool busy with other work (or with this very
-// call) cannot deadlock it, and tasks that start late find no items left.
+// ParallelFor over XLA's intra-op CPU thread pool, for every CPU handler. The calling thread works too and waits
+// only for the items, never for pool tasks to start, so a pool busy with other work (or with this very call) cannot
+// deadlock it, and tasks that start late find no items left and touch nothing but the shared counters.
 #pragma once
 
 #include <algorithm>
