@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .reference import attention_reference
+
 
 def contiguous_cache(cache, page_table):
     """The paged pool [num_pages, page_size, kv_heads, head_dim] seen through page_table [batch, pages_per_seq] as a
@@ -26,32 +28,12 @@ def decode_reference(query, key_cache, value_cache, cache_lengths, *, scale: flo
     """
     if page_table is not None:
         key_cache, value_cache = contiguous_cache(key_cache, page_table), contiguous_cache(value_cache, page_table)
-    compute_dtype = jnp.promote_types(query.dtype, jnp.float32)
-    batch, q_len, heads_q, head_dim = query.shape
-    max_len, heads_kv = key_cache.shape[1], key_cache.shape[2]
-    group = heads_q // heads_kv
-    q = query.astype(compute_dtype).reshape(batch, q_len, heads_kv, group, head_dim)
-    k = key_cache.astype(compute_dtype)
-    v = value_cache.astype(compute_dtype)
-
-    logits = jnp.einsum("bqhgd,bkhd->bhgqk", q, k) * scale
-    if softcap > 0:
-        logits = softcap * jnp.tanh(logits / softcap)
+    # The decode mask is attention's with each query at its cache position: keys j <= p (window_right 0), at most
+    # window_left behind; keys past a length are behind every query of that sequence, so they stay hidden.
+    q_len, max_len = query.shape[1], key_cache.shape[1]
     lengths = jnp.clip(jnp.asarray(cache_lengths, jnp.int32), 0, max_len)
-    positions = (lengths[:, None] - q_len + jnp.arange(q_len)[None, :])[:, :, None]  # [B, q_len, 1]
-    keys = jnp.arange(max_len)[None, None, :]
-    visible = keys <= positions
-    if window_left >= 0:
-        visible &= keys >= positions - window_left
-    logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
-
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
-    safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
-    weights = jnp.exp(logits - safe_max)
-    row_sum = jnp.sum(weights, axis=-1, keepdims=True)
-    probs = weights / jnp.where(row_sum > 0, row_sum, 1)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v).reshape(query.shape).astype(query.dtype)
-    if not return_lse:
-        return out
-    lse = jnp.where(row_sum > 0, jnp.log(jnp.where(row_sum > 0, row_sum, 1)) + safe_max, -jnp.inf)
-    return out, lse[..., 0].reshape(batch, heads_q, q_len).astype(jnp.float32)
+    q_positions = lengths[:, None] - q_len + jnp.arange(q_len, dtype=jnp.int32)[None, :]
+    kv_positions = jnp.arange(max_len, dtype=jnp.int32)[None, :]
+    return attention_reference(query, key_cache, value_cache, scale=scale, window_left=window_left, window_right=0,
+                               softcap=softcap, return_lse=return_lse, q_positions=q_positions,
+                               kv_positions=kv_positions)
