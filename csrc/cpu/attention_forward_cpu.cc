@@ -8,6 +8,7 @@
 #include "../attention_mask.h"
 #include "attention_cpu.h"
 #include "float_convert.h"
+#include "online_softmax.h"
 #include "tile_math.h"
 #include "tiling.h"
 #include "token_blocks.h"
@@ -75,16 +76,7 @@ void forward_tile(const AttentionForwardParams& p, int64_t b, int64_t h, int64_t
         s[c] = logit;
         tile_max = std::max(tile_max, logit);
       }
-      const float new_max = std::max(t.row_max[r], tile_max);
-      if (new_max == -INFINITY) {  // nothing visible yet in this row: p = 0 for the whole tile
-        std::fill(s, s + cols, 0.f);
-        continue;
-      }
-      const float correction = std::exp(t.row_max[r] - new_max);
-      t.row_sum[r] = t.row_sum[r] * correction + cpu::exp_shifted_sum(s, cols, new_max);
-      t.row_max[r] = new_max;
-      if (correction != 1.f)
-        for (int64_t x = 0; x < d; ++x) t.o[r * d + x] *= correction;
+      cpu::online_softmax_step(s, cols, tile_max, t.row_max[r], t.row_sum[r], &t.o[r * d], d);
     }
     cpu::gemm_accumulate(t.o.data(), d, t.s.data(), kKeyTile, t.v.data(), d, rows, d, cols);
   }

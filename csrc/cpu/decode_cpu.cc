@@ -8,6 +8,7 @@
 
 #include "decode_cpu.h"
 #include "float_convert.h"
+#include "online_softmax.h"
 #include "tile_math.h"
 #include "tiling.h"
 
@@ -77,16 +78,7 @@ void decode_task(const DecodeParams& p, int64_t b, int64_t hk, int64_t row_begin
         s[c] = key_visible(p.mask, position, j0 + c) ? capped_logit(s[c], p.mask.softcap) : -INFINITY;
         tile_max = std::max(tile_max, s[c]);
       }
-      const float new_max = std::max(t.row_max[r], tile_max);
-      if (new_max == -INFINITY) {  // nothing visible to this row yet: it contributes nothing
-        std::fill(s, s + cols, 0.f);
-        continue;
-      }
-      const float correction = std::exp(t.row_max[r] - new_max);
-      t.row_sum[r] = t.row_sum[r] * correction + cpu::exp_shifted_sum(s, cols, new_max);
-      t.row_max[r] = new_max;
-      if (correction != 1.f)
-        for (int64_t x = 0; x < d; ++x) t.o[r * d + x] *= correction;
+      cpu::online_softmax_step(s, cols, tile_max, t.row_max[r], t.row_sum[r], &t.o[r * d], d);
     }
     cpu::gemm_accumulate(t.o.data(), d, t.s.data(), kKeyTile, t.v.data(), d, rows, d, cols);
   }
