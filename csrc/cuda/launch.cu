@@ -1,12 +1,17 @@
 // The launch interface of attention_cuda.h: rejects calls no kernel supports, then routes the rest by dtype:
-// fp16 and bf16 run on the tensor-core kernels, float32 on the simple CUDA-core kernels.
+// fp16 and bf16 run on the Hopper kernels on sm_90 where compiled, else on the sm80 tensor-core kernels; float32 on
+// the simple CUDA-core kernels.
 #include "attention_cuda.h"
 
 #include <cstdint>
 
 #include "attention_simple.h"
 #include "backward_delta.h"
+#include "kernel_choice.h"
 #include "tensor_core/tensor_core.h"
+#if defined(JAX_FLASH_WITH_HOPPER)
+#include "hopper/hopper.h"
+#endif
 
 namespace jax_flash {
 namespace {
@@ -27,6 +32,13 @@ cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaS
   const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v);
   if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
   if (params.dtype == DType::kFloat32) return cuda_kernels::attention_forward_simple(params, stream);
+#if defined(JAX_FLASH_WITH_HOPPER)
+  // The Hopper kernels take what they have compiled; per-token masks and other head dims stay on sm80.
+  if (!params.tokens.any() && cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
+    const cudaError_t status = cuda_kernels::hopper::forward(params, stream);
+    if (status != cudaErrorNotSupported) return status;
+  }
+#endif
   return cuda_kernels::tensor_core::forward(params, stream);
 }
 

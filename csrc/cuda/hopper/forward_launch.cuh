@@ -1,0 +1,57 @@
+// Host side of the Hopper forward: builds the TMA descriptors for this call's tensors and launches the kernel.
+// Included only by the generated instantiation files, which compile for sm_90a.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../../attention_params.h"
+#include "forward_kernel.cuh"
+#include "hopper.h"
+
+namespace jax_flash::cuda_kernels::hopper {
+
+template <class Config>
+cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStream_t stream) {
+  using Element = typename Config::Element;
+  const AttentionShape& s = params.shape;
+  ForwardKernelParams<Config> p{};
+  p.shape_q = GlobalShape(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
+  p.shape_kv = GlobalShape(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
+  auto global = [](const void* data, GlobalShape shape) {
+    const int64_t row = int64_t(get<2>(shape)) * get<1>(shape);  // heads * head_dim elements between sequence rows
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
+                       GlobalStride(row, _1{}, int64_t(get<1>(shape)), row * get<0>(shape)));
+  };
+  // Boxes past the sequence end or past head_dim (a smaller head dim in this bucket) load as zeros.
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, global(params.q, p.shape_q), typename Config::SmemLayoutQ{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, global(params.k, p.shape_kv), take<0, 2>(typename Config::SmemLayoutK{}));
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global(params.v, p.shape_kv), take<0, 2>(typename Config::SmemLayoutV{}));
+  p.out = params.out;
+  p.lse = params.lse;
+  p.seqlen_q = int(s.seqlen_q);
+  p.seqlen_k = int(s.seqlen_k);
+  p.heads_q = int(s.heads_q);
+  p.group = int(s.group());
+  p.head_dim = int(s.head_dim);
+  p.mask = params.mask;
+  p.scale = params.scale;
+  p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
+  p.heaviest_first = params.mask.window_right >= 0;
+
+  const dim3 grid(unsigned((s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(s.heads_q),
+                  unsigned(s.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  if (s.heads_q > 65535 || s.batch > 65535) return cudaErrorInvalidValue;
+  auto* kernel = &forward_kernel<Config>;
+  // Set per launch: the attribute belongs to the current device, and a process may drive several.
+  cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
+  if (status != cudaSuccess) return status;
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_flash::cuda_kernels::hopper
