@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 
 from jax_flash import _jax_flash_ext as _ext
+
+# JAX_FLASH_KERNELS=sm80 keeps an sm_90 GPU on the sm80 tensor-core kernels (csrc/cuda/kernel_choice.h reads it);
+# checked here because the kernels cannot raise, and a misspelt value would otherwise be silently ignored.
+KERNEL_CHOICES = ("auto", "sm80")
+if os.environ.get("JAX_FLASH_KERNELS", "auto") not in KERNEL_CHOICES:
+    raise ValueError(f"JAX_FLASH_KERNELS={os.environ['JAX_FLASH_KERNELS']!r}: allowed values are {KERNEL_CHOICES}")
 
 # XLA's platform names for registration, keyed by jax_flash's lowering platform names.
 _XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA"}

@@ -6,6 +6,10 @@ Validation happens at trace time, before any kernel runs, for both implementatio
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -158,3 +162,14 @@ def test_numpy_integer_window_is_accepted(platform, rng):
     np.testing.assert_array_equal(np.asarray(with_numpy), np.asarray(with_python))
     unwindowed = jax_flash.dot_product_attention(q, k, v)
     assert not np.allclose(np.asarray(with_numpy), np.asarray(unwindowed))
+
+
+def test_kernel_choice_environment_variable_is_checked():
+    """JAX_FLASH_KERNELS picks the CUDA kernel family; a value outside ('auto', 'sm80') fails at import, by name."""
+    env = dict(os.environ, JAX_FLASH_KERNELS="sm_80")
+    result = subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, capture_output=True, text=True,
+                            cwd=tempfile.gettempdir())
+    assert result.returncode != 0
+    assert "JAX_FLASH_KERNELS='sm_80'" in result.stderr and "'auto', 'sm80'" in result.stderr
+    env["JAX_FLASH_KERNELS"] = "sm80"
+    subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, check=True, cwd=tempfile.gettempdir())

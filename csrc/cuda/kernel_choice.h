@@ -1,5 +1,6 @@
 // Which kernel family may run: JAX_FLASH_KERNELS=sm80 keeps an sm_90 GPU on the sm80 tensor-core kernels, so that
-// path can be tested and timed on Hopper too. Read once per process.
+// path can be tested and timed on Hopper too; "auto" (the default) lets sm_90 use the Hopper kernels.
+// jax_flash/_ffi.py rejects any other value at import. Read once per process.
 #pragma once
 
 #include <cstdlib>

@@ -44,7 +44,7 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
   const dim3 grid(unsigned((s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(s.heads_q),
                   unsigned(s.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  if (s.heads_q > 65535 || s.batch > 65535) return cudaErrorInvalidValue;
+  if (s.heads_q > 65535 || s.batch > 65535) return cudaErrorNotSupported;  // the sm80 kernels take it
   auto* kernel = &forward_kernel<Config>;
   // Set per launch: the attribute belongs to the current device, and a process may drive several.
   cudaError_t status =
