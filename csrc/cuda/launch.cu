@@ -43,13 +43,26 @@ cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaS
 }
 
 size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
-  return cuda_kernels::backward_delta_bytes(shape);
+  const size_t sm80_bytes = cuda_kernels::backward_delta_bytes(shape);
+#if defined(JAX_FLASH_WITH_HOPPER)
+  // Sized at the handler before the kernel family is chosen, so enough for either.
+  const size_t hopper_bytes = cuda_kernels::hopper::backward_workspace_bytes(shape);
+  return hopper_bytes > sm80_bytes ? hopper_bytes : sm80_bytes;
+#else
+  return sm80_bytes;
+#endif
 }
 
 cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v) && aligned_16(params.dout);
   if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
   if (params.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(params, workspace, stream);
+#if defined(JAX_FLASH_WITH_HOPPER)
+  if (!params.tokens.any() && cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
+    const cudaError_t status = cuda_kernels::hopper::backward(params, workspace, stream);
+    if (status != cudaErrorNotSupported) return status;
+  }
+#endif
   return cuda_kernels::tensor_core::backward(params, workspace, stream);
 }
 

@@ -16,6 +16,7 @@
 
 #include "../../attention_mask.h"
 #include "forward_config.cuh"
+#include "accumulator_store.cuh"
 #include "online_softmax.cuh"
 #include "warpgroup_gemm.cuh"
 
@@ -207,25 +208,18 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
 
   float inverse_sum[kRows], lse[kRows];
   softmax.finish(inverse_sum, lse);
-  Tensor out_coords = thread_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  Tensor out_rc = make_tensor(out_coords.data(), accumulator_rows(out_coords.layout()));
   auto* out = static_cast<Element*>(p.out);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int row = row_begin + get<0>(out_rc(r, 0));
-    if (row >= p.seqlen_q) continue;
-    Element* out_row = out + ((int64_t(batch) * p.seqlen_q + row) * p.heads_q + head) * p.head_dim;
-    // Columns come in adjacent pairs (the accumulator's innermost mode), stored as one 32-bit word.
+  store_accumulator<Element>(
+      tOrO, thread_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})),
+      p.seqlen_q - row_begin, p.head_dim,
+      [&](int row) { return out + ((int64_t(batch) * p.seqlen_q + row_begin + row) * p.heads_q + head) * p.head_dim; },
+      [&](int r) { return inverse_sum[r]; });
+  if (thread % 4 == 0) {  // the quad's first thread writes its rows' lse
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(out_rows); c += 2) {
-      const int column = get<1>(out_rc(r, c));
-      if (column >= p.head_dim) continue;
-      cutlass::Array<Element, 2> pair;
-      pair[0] = Element(out_rows(r, c) * inverse_sum[r]);
-      pair[1] = Element(out_rows(r, c + 1) * inverse_sum[r]);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(out_row + column) = pair;
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row_begin + get<0>(score_rc(r, 0));
+      if (row < p.seqlen_q) p.lse[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + row] = lse[r];
     }
-    if (thread % 4 == 0) p.lse[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + row] = lse[r];
   }
 }
 

@@ -4,6 +4,8 @@
 // back to the sm80 tensor-core kernels.
 #pragma once
 
+#include <cstddef>
+
 #include <cuda_runtime.h>
 
 #include "../../attention_params.h"
@@ -15,7 +17,15 @@ bool device_supported();
 
 cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream);
 
+// What backward() needs in `workspace`: the padded per-row lse and delta (backward_rows.cuh).
+size_t backward_workspace_bytes(const AttentionShape& shape);
+
+cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
+
 template <typename Element, int kHeadDim>
 cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 
 }  // namespace jax_flash::cuda_kernels::hopper

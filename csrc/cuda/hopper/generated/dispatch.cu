@@ -6,12 +6,14 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "../backward_rows.cuh"
+
 namespace jax_flash::cuda_kernels::hopper {
 
 namespace {
 
 // The smallest compiled head-dim bucket that holds head_dim (smaller head dims load zero-padded), or 0.
-int bucket_for(int64_t head_dim) {
+int forward_bucket(int64_t head_dim) {
 #if defined(JAX_FLASH_HEAD_DIM_64)
   if (head_dim <= 64) return 64;
 #endif
@@ -20,6 +22,16 @@ int bucket_for(int64_t head_dim) {
 #endif
 #if defined(JAX_FLASH_HEAD_DIM_256)
   if (head_dim <= 256) return 256;
+#endif
+  return 0;
+}
+
+int backward_bucket(int64_t head_dim) {
+#if defined(JAX_FLASH_HEAD_DIM_64)
+  if (head_dim <= 64) return 64;
+#endif
+#if defined(JAX_FLASH_HEAD_DIM_128)
+  if (head_dim <= 128) return 128;
 #endif
   return 0;
 }
@@ -35,7 +47,7 @@ bool device_supported() {
 }
 
 cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {
-  const int bucket = bucket_for(params.shape.head_dim);
+  const int bucket = forward_bucket(params.shape.head_dim);
   switch (params.dtype) {
 #if defined(JAX_FLASH_DTYPE_FP16)
     case DType::kFloat16:
@@ -69,6 +81,45 @@ cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {
 #if defined(JAX_FLASH_HEAD_DIM_256)
         case 256:
           return launch_forward<cutlass::bfloat16_t, 256>(params, stream);
+#endif
+      }
+      break;
+#endif
+    default:
+      break;
+  }
+  return cudaErrorNotSupported;
+}
+
+size_t backward_workspace_bytes(const AttentionShape& shape) { return backward_rows_bytes(shape); }
+
+cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+  const int bucket = backward_bucket(params.shape.head_dim);
+  switch (params.dtype) {
+#if defined(JAX_FLASH_DTYPE_FP16)
+    case DType::kFloat16:
+      switch (bucket) {
+#if defined(JAX_FLASH_HEAD_DIM_64)
+        case 64:
+          return launch_backward<cutlass::half_t, 64>(params, workspace, stream);
+#endif
+#if defined(JAX_FLASH_HEAD_DIM_128)
+        case 128:
+          return launch_backward<cutlass::half_t, 128>(params, workspace, stream);
+#endif
+      }
+      break;
+#endif
+#if defined(JAX_FLASH_DTYPE_BF16)
+    case DType::kBFloat16:
+      switch (bucket) {
+#if defined(JAX_FLASH_HEAD_DIM_64)
+        case 64:
+          return launch_backward<cutlass::bfloat16_t, 64>(params, workspace, stream);
+#endif
+#if defined(JAX_FLASH_HEAD_DIM_128)
+        case 128:
+          return launch_backward<cutlass::bfloat16_t, 128>(params, workspace, stream);
 #endif
       }
       break;

@@ -1,0 +1,89 @@
+// Compile-time shapes of the two Hopper backward kernels. Both keep one operand pair resident in shared memory and
+// stream the other pair through a TMA ring, like the forward:
+//   key-gradient kernel:   resident K, V (kBlockN keys per CTA, 64 per consumer warpgroup); streams Q, dO (and the
+//                          per-query lse and delta) in tiles of kBlockM queries; accumulates dK and dV.
+//   query-gradient kernel: resident Q, dO (kBlockM queries per CTA); streams K, V in tiles of kBlockN keys;
+//                          accumulates dQ.
+// No atomics: each gradient is owned by one CTA, so the result is bitwise deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "forward_config.cuh"
+
+namespace jax_flash::cuda_kernels::hopper {
+
+// lse and delta for the key-gradient kernel: float32 (padded seqlen_q, heads_q, batch), contiguous in the query.
+using RowStatsShape = Shape<int32_t, int32_t, int32_t>;
+using RowStatsStride = Stride<_1, int64_t, int64_t>;
+
+// A (rows, head_dim) tile shape with its 128-byte-swizzled shared layout, stacked `kStages` deep.
+template <typename Element, int kRows, int kHeadDim, int kStages>
+using SwizzledTiles = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kRows>, Int<kHeadDim>, Int<kStages>>{}));
+
+// The same bytes seen as (head_dim, rows, stages): an N-major B operand.
+template <class Tiles, int kRows, int kHeadDim, int kStages>
+using TransposedTiles = decltype(composition(
+    Tiles{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+// kResident rows per CTA (64 per consumer warpgroup) against kStreamed rows per ring stage.
+template <typename Element_, int kHeadDim_, int kResident_, int kStreamed_, int kStages_>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kResident = kResident_;
+  static constexpr int kStreamed = kStreamed_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumerWarpgroups = kResident / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536);
+  static_assert(kHeadDim % 64 == 0 && kResident % 64 == 0 && kStreamed % 16 == 0);
+
+  using ResidentLayout = SwizzledTiles<Element, kResident, kHeadDim, 1>;
+  using StreamedLayout = SwizzledTiles<Element, kStreamed, kHeadDim, kStages>;
+  using StreamedTransposed = TransposedTiles<StreamedLayout, kStreamed, kHeadDim, kStages>;
+
+  using WarpgroupLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  // resident x streamed^T, both from shared memory: the scores and dP (or their transposes).
+  using MmaScores = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kResident>, Int<kStreamed>, Int<kHeadDim>>>(),
+      WarpgroupLayout{}));
+  // (registers) x streamed: P^T dO, dS^T Q, or dS K.
+  using MmaGradient = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kResident>, Int<kHeadDim>, Int<kStreamed>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      WarpgroupLayout{}));
+
+  using GlobalTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GlobalShape{},
+                                            GlobalStride{}));
+  using TmaResident = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, take<0, 2>(ResidentLayout{})));
+  using TmaStreamed = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, take<0, 2>(StreamedLayout{})));
+  using StatsTensor = decltype(make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)), RowStatsShape{},
+                                           RowStatsStride{}));
+  using StatsLayout = Layout<Shape<Int<kStreamed>>>;
+  using TmaStats = decltype(make_tma_copy(SM90_TMA_LOAD{}, StatsTensor{}, StatsLayout{}));
+
+  static constexpr uint32_t kResidentBytes = kResident * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kStreamedBytes = kStreamed * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kStatsBytes = kStreamed * sizeof(float);
+
+  struct SharedStorage {
+    alignas(1024) array_aligned<Element, cosize_v<ResidentLayout>, 1024> resident_a;  // K or Q
+    alignas(1024) array_aligned<Element, cosize_v<ResidentLayout>, 1024> resident_b;  // V or dO
+    alignas(1024) array_aligned<Element, cosize_v<StreamedLayout>, 1024> streamed_a;  // Q or K
+    alignas(1024) array_aligned<Element, cosize_v<StreamedLayout>, 1024> streamed_b;  // dO or V
+    alignas(128) float lse[kStages][kStreamed];    // key-gradient kernel only
+    alignas(128) float delta[kStages][kStreamed];
+    uint64_t resident_full;
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");
+};
+
+}  // namespace jax_flash::cuda_kernels::hopper

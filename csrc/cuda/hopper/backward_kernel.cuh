@@ -1,0 +1,292 @@
+// The Hopper backward: one kernel template, two roles (backward_config.cuh).
+//   key-major   (dK, dV): S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q, summed over the query
+//                         heads of the KV group and over query tiles inside the CTA;
+//   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles.
+// with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
+// warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
+// they add nothing to the stored gradients and need no mask.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "../../attention_mask.h"
+#include "accumulator_store.cuh"
+#include "backward_config.cuh"
+#include "forward_kernel.cuh"
+#include "online_softmax.cuh"
+#include "warpgroup_gemm.cuh"
+
+namespace jax_flash::cuda_kernels::hopper {
+
+template <class Config>
+struct BackwardKernelParams {
+  typename Config::TmaResident tma_resident_a, tma_resident_b;
+  typename Config::TmaStreamed tma_streamed_a, tma_streamed_b;
+  typename Config::TmaStats tma_lse, tma_delta;  // key-major only
+  GlobalShape shape_resident, shape_streamed;
+  RowStatsShape shape_stats;  // (padded seqlen_q, heads_q, batch)
+  const float* lse_log2;  // [batch, heads_q, padded seqlen_q]: lse * log2(e), +inf for rows with no gradient
+  const float* delta;     // [batch, heads_q, padded seqlen_q]
+  void* grad_a;  // dK (key-major) or dQ, [batch, rows, heads, head_dim]
+  void* grad_b;  // dV (key-major)
+  int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
+  AttentionMask mask;
+  float scale;
+  float scale_log2;
+};
+
+// Which streamed tiles a CTA visits, in order: for the key-major role, every query head of the KV group times the
+// query tiles that see the CTA's keys; for the query-major role, the key tiles its queries see.
+template <bool kKeyMajor, int kResident, int kStreamed>
+struct StreamedWalk {
+  int tile_begin, tile_end, heads;
+  __device__ StreamedWalk(const AttentionMask& mask, int resident_begin, int resident_end, int seqlen_q,
+                          int seqlen_k, int group) {
+    if constexpr (kKeyMajor) {
+      const int64_t first = first_row_seeing(mask, resident_begin);
+      const int64_t end = end_row_seeing(mask, resident_end, seqlen_q);
+      tile_begin = int(first / kStreamed);
+      tile_end = first < end ? int((end + kStreamed - 1) / kStreamed) : tile_begin;
+      heads = group;
+    } else {
+      const KeyTiles tiles = visible_key_tiles<kStreamed>(mask, resident_begin, resident_end, seqlen_k);
+      tile_begin = tiles.begin;
+      tile_end = max(tiles.end, tiles.begin);
+      heads = 1;
+    }
+  }
+  __device__ int steps() const { return heads * (tile_end - tile_begin); }
+  __device__ int tile(int step) const { return tile_begin + step % (tile_end - tile_begin); }
+  __device__ int head_offset(int step) const { return step / (tile_end - tile_begin); }
+};
+
+template <bool kKeyMajor, class Config>
+__device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                                 int resident_block, int head, int batch, const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk) {
+  constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
+  Tensor sRa = make_tensor(make_smem_ptr(smem.resident_a.data()), take<0, 2>(typename Config::ResidentLayout{}));
+  Tensor sRb = make_tensor(make_smem_ptr(smem.resident_b.data()), take<0, 2>(typename Config::ResidentLayout{}));
+  Tensor sSa = make_tensor(make_smem_ptr(smem.streamed_a.data()), typename Config::StreamedLayout{});
+  Tensor sSb = make_tensor(make_smem_ptr(smem.streamed_b.data()), typename Config::StreamedLayout{});
+  // Resident rows belong to `head` (a KV head when key-major, a query head otherwise).
+  auto resident_tile = [&](auto const& tma) {
+    return local_tile(tma.get_tma_tensor(p.shape_resident)(_, _, head, batch),
+                      Shape<Int<kResident>, Int<kHeadDim>>{}, make_coord(resident_block, _0{}));
+  };
+  auto [tRgA, tRsA] = tma_partition(p.tma_resident_a, _0{}, Layout<_1>{}, group_modes<0, 2>(sRa),
+                                    group_modes<0, 2>(resident_tile(p.tma_resident_a)));
+  auto [tRgB, tRsB] = tma_partition(p.tma_resident_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sRb),
+                                    group_modes<0, 2>(resident_tile(p.tma_resident_b)));
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.resident_full, 2 * Config::kResidentBytes);
+  copy(p.tma_resident_a.with(smem.resident_full), tRgA, tRsA);
+  copy(p.tma_resident_b.with(smem.resident_full), tRgB, tRsB);
+
+  Tensor sLse = make_tensor(make_smem_ptr(&smem.lse[0][0]), make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{}));
+  Tensor sDelta = make_tensor(make_smem_ptr(&smem.delta[0][0]), make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{}));
+  constexpr uint32_t kStepBytes = 2 * Config::kStreamedBytes + (kKeyMajor ? 2 * Config::kStatsBytes : 0);
+  int stage = 0;
+  uint32_t phase = 1;  // a fresh "empty" barrier counts as released once
+  for (int step = 0; step < walk.steps(); ++step) {
+    const int tile = walk.tile(step);
+    // Key-major CTAs read the query heads head * group + g; query-major ones the KV head head / group.
+    const int streamed_head = kKeyMajor ? head * p.group + walk.head_offset(step) : head / p.group;
+    auto streamed_tile = [&](auto const& tma) {
+      return local_tile(tma.get_tma_tensor(p.shape_streamed)(_, _, streamed_head, batch),
+                        Shape<Int<kStreamed>, Int<kHeadDim>>{}, make_coord(tile, _0{}));
+    };
+    auto [tSgA, tSsA] = tma_partition(p.tma_streamed_a, _0{}, Layout<_1>{}, group_modes<0, 2>(sSa),
+                                      group_modes<0, 2>(streamed_tile(p.tma_streamed_a)));
+    auto [tSgB, tSsB] = tma_partition(p.tma_streamed_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sSb),
+                                      group_modes<0, 2>(streamed_tile(p.tma_streamed_b)));
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], kStepBytes);
+    copy(p.tma_streamed_a.with(smem.full[stage]), tSgA, tSsA(_, stage));
+    copy(p.tma_streamed_b.with(smem.full[stage]), tSgB, tSsB(_, stage));
+    if constexpr (kKeyMajor) {
+      auto stats_tile = [&](auto const& tma) {
+        return local_tile(tma.get_tma_tensor(p.shape_stats)(_, streamed_head, batch), Shape<Int<kStreamed>>{},
+                          make_coord(tile));
+      };
+      auto [tLg, tLs] = tma_partition(p.tma_lse, _0{}, Layout<_1>{}, sLse, stats_tile(p.tma_lse));
+      auto [tDg, tDs] = tma_partition(p.tma_delta, _0{}, Layout<_1>{}, sDelta, stats_tile(p.tma_delta));
+      copy(p.tma_lse.with(smem.full[stage]), tLg, tLs(_, stage));
+      copy(p.tma_delta.with(smem.full[stage]), tDg, tDs(_, stage));
+    }
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+template <bool kKeyMajor, class Config>
+__device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                                 int resident_block, int head, int batch,
+                                 const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk,
+                                 int thread) {
+  using Element = typename Config::Element;
+  constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
+  using Barrier = cutlass::arch::ClusterBarrier;
+
+  Tensor sRa = make_tensor(make_smem_ptr(smem.resident_a.data()), take<0, 2>(typename Config::ResidentLayout{}));
+  Tensor sRb = make_tensor(make_smem_ptr(smem.resident_b.data()), take<0, 2>(typename Config::ResidentLayout{}));
+  Tensor sSa = make_tensor(make_smem_ptr(smem.streamed_a.data()), typename Config::StreamedLayout{});
+  Tensor sSb = make_tensor(make_smem_ptr(smem.streamed_b.data()), typename Config::StreamedLayout{});
+  Tensor sSat = make_tensor(make_smem_ptr(smem.streamed_a.data()), typename Config::StreamedTransposed{});
+  Tensor sSbt = make_tensor(make_smem_ptr(smem.streamed_b.data()), typename Config::StreamedTransposed{});
+  typename Config::MmaScores mma_scores;
+  typename Config::MmaGradient mma_gradient;
+  auto thread_scores = mma_scores.get_thread_slice(thread);
+  auto thread_gradient = mma_gradient.get_thread_slice(thread);
+  Tensor tRa = thread_scores.partition_fragment_A(sRa);
+  Tensor tRb = thread_scores.partition_fragment_A(sRb);
+  Tensor tSa = thread_scores.partition_fragment_B(sSa);  // (MMA, N, K, stage)
+  Tensor tSb = thread_scores.partition_fragment_B(sSb);
+  Tensor tSat = thread_gradient.partition_fragment_B(sSat);  // (MMA, N = head_dim, K = streamed rows, stage)
+  Tensor tSbt = thread_gradient.partition_fragment_B(sSbt);
+  Tensor tS = partition_fragment_C(mma_scores, Shape<Int<kResident>, Int<kStreamed>>{});
+  Tensor tdP = partition_fragment_C(mma_scores, Shape<Int<kResident>, Int<kStreamed>>{});
+  Tensor tGradA = partition_fragment_C(mma_gradient, Shape<Int<kResident>, Int<kHeadDim>>{});  // dK or dQ
+  Tensor tGradB = partition_fragment_C(mma_gradient, Shape<Int<kResident>, Int<kHeadDim>>{});  // dV
+  Tensor tP = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
+  Tensor tdS = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
+  Tensor coords = thread_scores.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kStreamed>>{}));
+  clear(tGradA);
+  if constexpr (kKeyMajor) clear(tGradB);
+
+  const int resident_begin = resident_block * kResident;
+  const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
+  const int resident_end = min(resident_begin + kResident, resident_rows);
+  // Query-major rows keep their lse and delta in registers; key-major ones read theirs per streamed tile.
+  float row_lse[2] = {0.f, 0.f}, row_delta[2] = {0.f, 0.f};
+  if constexpr (!kKeyMajor) {
+    Tensor rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
+    const int64_t base = (int64_t(batch) * p.heads_q + head) * p.padded_seqlen_q;
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int row = resident_begin + get<0>(rows(r, 0));
+      row_lse[r] = p.lse_log2[base + row];
+      row_delta[r] = p.delta[base + row];
+    }
+  }
+
+  Barrier::wait(&smem.resident_full, 0);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int step = 0; step < walk.steps(); ++step) {
+    Barrier::wait(&smem.full[stage], phase);
+    warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
+    warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tS);
+    warpgroup_fence_operand(tdP);
+
+    const int streamed_begin = walk.tile(step) * kStreamed;
+    const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
+    const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
+    const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
+    // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
+    const bool straddles = (!kKeyMajor && key_end > p.seqlen_k) ||
+                           !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident),
+                                               key_begin, key_end);
+    CUTE_UNROLL
+    for (int i = 0; i < size(tS); ++i) {
+      const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
+      const int query = kKeyMajor ? streamed_begin + streamed : resident_begin + resident;
+      const int key = kKeyMajor ? resident_begin + resident : streamed_begin + streamed;
+      // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
+      const float lse = kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2];
+      const float delta = kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
+      float score = tS(i);
+      float slope = 1.f;
+      if (p.mask.softcap > 0.f) {
+        score = p.mask.softcap * tanh_approx(score * (p.scale / p.mask.softcap));
+        const float t = score / p.mask.softcap;
+        slope = 1.f - t * t;
+      }
+      float probability = fast_exp2(fmaf(score, p.scale_log2, -lse));
+      if (straddles && (key >= p.seqlen_k || !key_visible(p.mask, query, key))) probability = 0.f;
+      tS(i) = probability;
+      tdP(i) = probability * (tdP(i) - delta) * slope;
+    }
+    {
+      constexpr int kCount = decltype(size(tS))::value;
+      cutlass::NumericArrayConverter<Element, float, kCount> convert;
+      *reinterpret_cast<cutlass::Array<Element, kCount>*>(tP.data()) =
+          convert(*reinterpret_cast<cutlass::Array<float, kCount> const*>(tS.data()));
+      *reinterpret_cast<cutlass::Array<Element, kCount>*>(tdS.data()) =
+          convert(*reinterpret_cast<cutlass::Array<float, kCount> const*>(tdP.data()));
+    }
+    if constexpr (kKeyMajor) {
+      warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);   // dV += P^T dO
+      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q
+    } else {
+      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dQ += dS K
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tGradA);
+    if constexpr (kKeyMajor) warpgroup_fence_operand(tGradB);
+    Barrier::arrive(&smem.empty[stage]);
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+
+  // Gradient rows: keys [batch, seqlen_k, heads_kv, head_dim] or queries [batch, seqlen_q, heads_q, head_dim].
+  const int heads = kKeyMajor ? p.heads_q / p.group : p.heads_q;
+  auto row_pointer = [&](void* base) {
+    return [=](int row) {
+      return static_cast<Element*>(base) +
+             ((int64_t(batch) * resident_rows + resident_begin + row) * heads + head) * p.head_dim;
+    };
+  };
+  Tensor out_coords = thread_gradient.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kHeadDim>>{}));
+  const float scale = p.scale;
+  store_accumulator<Element>(tGradA, out_coords, resident_rows - resident_begin, p.head_dim, row_pointer(p.grad_a),
+                             [=](int) { return scale; });
+  if constexpr (kKeyMajor) {
+    store_accumulator<Element>(tGradB, out_coords, resident_rows - resident_begin, p.head_dim,
+                               row_pointer(p.grad_b), [](int) { return 1.f; });
+  }
+}
+
+template <bool kKeyMajor, class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(CUTE_GRID_CONSTANT const BackwardKernelParams<Config> p) {
+  extern __shared__ char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
+  const int resident_block = blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;  // a KV head when key-major
+  const int resident_begin = resident_block * Config::kResident;
+  const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
+  const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed> walk(
+      p.mask, resident_begin, min(resident_begin + Config::kResident, resident_rows), p.seqlen_q, p.seqlen_k,
+      p.group);
+
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterBarrier::init(&smem.resident_full, 1);
+    for (int s = 0; s < Config::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], Config::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x / 128 == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch, walk);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+    consume_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch, walk, threadIdx.x - 128);
+  }
+}
+
+}  // namespace jax_flash::cuda_kernels::hopper

@@ -1,0 +1,87 @@
+// Host side of the Hopper backward: the per-row inputs (backward_rows.cuh) into the workspace, then the key-major
+// kernel (dK, dV) and the query-major kernel (dQ). Included only by the generated instantiation files (sm_90a).
+#pragma once
+
+#include <cstdint>
+#include <climits>
+
+#include <cuda_runtime.h>
+
+#include "../../attention_params.h"
+#include "backward_kernel.cuh"
+#include "backward_rows.cuh"
+#include "hopper.h"
+
+namespace jax_flash::cuda_kernels::hopper {
+
+template <bool kKeyMajor, class Config>
+cudaError_t launch_backward_role(const AttentionBackwardParams& params, const float* lse_log2, const float* delta,
+                                 cudaStream_t stream) {
+  using Element = typename Config::Element;
+  const AttentionShape& s = params.shape;
+  const GlobalShape shape_q(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
+  const GlobalShape shape_kv(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
+  auto global = [](const void* data, GlobalShape shape) {
+    const int64_t row = int64_t(get<2>(shape)) * get<1>(shape);
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
+                       GlobalStride(row, _1{}, int64_t(get<1>(shape)), row * get<0>(shape)));
+  };
+  BackwardKernelParams<Config> p{};
+  p.shape_resident = kKeyMajor ? shape_kv : shape_q;
+  p.shape_streamed = kKeyMajor ? shape_q : shape_kv;
+  const void* resident_a = kKeyMajor ? params.k : params.q;
+  const void* resident_b = kKeyMajor ? params.v : params.dout;
+  const void* streamed_a = kKeyMajor ? params.q : params.k;
+  const void* streamed_b = kKeyMajor ? params.dout : params.v;
+  const auto resident_tile = take<0, 2>(typename Config::ResidentLayout{});
+  const auto streamed_tile = take<0, 2>(typename Config::StreamedLayout{});
+  p.tma_resident_a = make_tma_copy(SM90_TMA_LOAD{}, global(resident_a, p.shape_resident), resident_tile);
+  p.tma_resident_b = make_tma_copy(SM90_TMA_LOAD{}, global(resident_b, p.shape_resident), resident_tile);
+  p.tma_streamed_a = make_tma_copy(SM90_TMA_LOAD{}, global(streamed_a, p.shape_streamed), streamed_tile);
+  p.tma_streamed_b = make_tma_copy(SM90_TMA_LOAD{}, global(streamed_b, p.shape_streamed), streamed_tile);
+  const int64_t padded = padded_rows(s.seqlen_q);
+  p.shape_stats = RowStatsShape(int32_t(padded), int32_t(s.heads_q), int32_t(s.batch));
+  auto stats = [&](const float* data) {
+    return make_tensor(make_gmem_ptr(data), p.shape_stats, RowStatsStride(_1{}, padded, padded * s.heads_q));
+  };
+  p.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, stats(lse_log2), typename Config::StatsLayout{});
+  p.tma_delta = make_tma_copy(SM90_TMA_LOAD{}, stats(delta), typename Config::StatsLayout{});
+  p.lse_log2 = lse_log2;
+  p.delta = delta;
+  p.grad_a = kKeyMajor ? params.dk : params.dq;
+  p.grad_b = kKeyMajor ? params.dv : nullptr;
+  p.seqlen_q = int(s.seqlen_q);
+  p.seqlen_k = int(s.seqlen_k);
+  p.heads_q = int(s.heads_q);
+  p.group = int(s.group());
+  p.head_dim = int(s.head_dim);
+  p.padded_seqlen_q = int(padded);
+  p.mask = params.mask;
+  p.scale = params.scale;
+  p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
+
+  const int64_t rows = kKeyMajor ? s.seqlen_k : s.seqlen_q;
+  const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
+                  unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  auto* kernel = &backward_kernel<kKeyMajor, Config>;
+  cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
+  if (status != cudaSuccess) return status;
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class KeyConfig, class QueryConfig>
+cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+  const AttentionShape& s = params.shape;
+  if (s.heads_q > 65535 || s.batch > 65535 || s.seqlen_q > INT32_MAX - kRowPadding) return cudaErrorNotSupported;
+  auto* lse_log2 = static_cast<float*>(workspace);
+  float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
+  cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
+  if (status == cudaSuccess) status = launch_backward_role<true, KeyConfig>(params, lse_log2, delta, stream);
+  if (status == cudaSuccess) status = launch_backward_role<false, QueryConfig>(params, lse_log2, delta, stream);
+  return status;
+}
+
+}  // namespace jax_flash::cuda_kernels::hopper
