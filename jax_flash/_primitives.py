@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_flash import _ffi, _jax_internals, _partitioning
-from jax_flash._config import TOKEN_INPUTS, AttentionConfig
+from jax_flash._config import AttentionConfig
 
 attention_fwd_p = Primitive("jax_flash_attention_fwd")
 attention_fwd_p.multiple_results = True
@@ -75,21 +75,12 @@ def _check_platform(platform: str, head_dim: int) -> None:
                          f"and at most {MAX_HEAD_DIM}; pass implementation='xla' for other sizes")
 
 
-def _check_token_inputs(platform: str, config: AttentionConfig) -> None:
-    if platform == "cuda" and config.token_inputs:
-        arguments = sorted({TOKEN_INPUTS[name] for name in config.token_inputs})
-        raise NotImplementedError(
-            f"jax_flash.dot_product_attention: {', '.join(arguments)} (segment ids / sequence lengths) are not "
-            f"implemented in the CUDA kernels yet; they run on the CPU kernels, or pass implementation='xla'")
-
-
 def _lowering(op: str, platform: str):
     target = _ffi.target_name(op, platform)
 
     def rule(ctx, *operands, config: AttentionConfig):
         # q is operand 0 of the forward and operand 1 of the backward (after dout); both carry head_dim last.
         _check_platform(platform, ctx.avals_in[0].shape[-1])
-        _check_token_inputs(platform, config)
         return _partitioning.lower(ctx, operands, op=op, target=target, config=config)
 
     return rule

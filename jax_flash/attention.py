@@ -59,8 +59,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     Returns:
       The attention output, shaped and typed like query. Rows that see no key (past their length, in a segment
-      absent from the keys, or outside every window) are 0, and so are their gradients. Only the CPU kernels (and
-      implementation='xla') take the token-mask arguments so far; the CUDA kernels raise NotImplementedError.
+      absent from the keys, or outside every window) are 0, and so are their gradients.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")

@@ -4,8 +4,9 @@ jax_flash is compared, forward and gradients, with the independent float64 numpy
 given a visibility mask built here in numpy from the layout, under the suite's tolerance rule. The same-dtype baseline
 is jax_flash's implementation='xla' (jax.nn has no segment ids). Layouts are random: 1 to 20 documents of random
 lengths per row, then padding, over sequences that span several kernel tiles so that empty, partial and full blocks
-all occur. The CUDA kernels do not take these inputs yet: on the GPU platform every case expects the
-NotImplementedError raised when the call is lowered.
+all occur. Every case runs on each platform with kernels (conftest.py): the CPU kernels, and the CUDA kernels where a
+GPU is present (float32 on the simple kernels, bfloat16 / float16 on the tensor-core kernels, whose tiles differ).
+The same-dtype XLA baseline runs its float32 matmuls at "highest" precision, as in attention_testing.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ import pytest
 
 import attention_testing as at
 import jax_flash
-
-CUDA_MESSAGE = r"not implemented in the CUDA kernels yet"
-
 
 def random_layout(rng, batch: int, seq: int):
     """(segment ids, positions within the document, used length) per row: 1 to 20 documents of random lengths
@@ -144,11 +142,6 @@ def _vjp(attention):
     return f
 
 
-def _expect_cuda_refusal(fn, *args):
-    with pytest.raises(NotImplementedError, match=CUDA_MESSAGE):
-        jax.jit(fn).lower(*args)
-
-
 def _check_case(case: Case, platform, rng):
     dtype = at.DTYPES[case.dtype]
     q, k, v = at.random_qkv(rng, platform, seq_q=case.seq_q, seq_k=case.seq_k, heads_q=case.heads[0],
@@ -156,12 +149,10 @@ def _check_case(case: Case, platform, rng):
     cotangent = at.normal(rng, q.shape, dtype, platform)
     kwargs, visible = _case_arguments(case, rng)
     flash = _vjp(functools.partial(jax_flash.dot_product_attention, **kwargs))
-    if platform == "gpu":
-        _expect_cuda_refusal(flash, q, k, v, cotangent)
-        return
     got = at.run_flash_checked(flash, (q, k, v, cotangent), platform, ops=("fwd", "bwd"))
-    xla = jax.jit(_vjp(functools.partial(jax_flash.dot_product_attention, implementation="xla", **kwargs)))(
-        q, k, v, cotangent)
+    with jax.default_matmul_precision("highest"):
+        xla = jax.jit(_vjp(functools.partial(jax_flash.dot_product_attention, implementation="xla", **kwargs)))(
+            q, k, v, cotangent)
     ref = at.numpy_attention(*(np.asarray(x).astype(np.float64) for x in (q, k, v, cotangent)),
                              softcap=case.softcap, visible=visible)
     at.assert_trees_rule(got, xla, ref)
@@ -178,9 +169,11 @@ def test_forward_and_gradients(case, platform, rng):
     _check_case(case, platform, rng)
 
 
-def test_long_packed_rows(platform, rng):
-    """Rows of 700 tokens under causal masking on positions: most blocks are skipped, the rest must agree."""
-    _check_case(Case(700, 700, "bfloat16", heads=(2, 1), positions=True, lengths="both", is_causal=True,
+@pytest.mark.parametrize("seq", [700, 2200])
+def test_long_packed_rows(platform, rng, seq):
+    """Long rows under causal masking on positions: most blocks are skipped, the rest must agree. 2200 tokens are
+    more than 32 tiles of 64, so the CUDA tensor-core kernels classify the tiles they walk in several windows."""
+    _check_case(Case(seq, seq, "bfloat16", heads=(2, 1), positions=True, lengths="both", is_causal=True,
                      batch=1), platform, rng)
 
 
@@ -191,11 +184,9 @@ def test_matches_jax_nn_lengths(platform, rng):
                             dtype=jnp.float32)
     lengths = dict(query_seq_lengths=jnp.array([100, 130], jnp.int32),
                    key_value_seq_lengths=jnp.array([170, 1], jnp.int32))
-    expected = jax.nn.dot_product_attention(q, k, v, is_causal=True, **lengths)
+    with jax.default_matmul_precision("highest"):
+        expected = jax.nn.dot_product_attention(q, k, v, is_causal=True, **lengths)
     flash = functools.partial(jax_flash.dot_product_attention, is_causal=True, **lengths)
-    if platform == "gpu":
-        _expect_cuda_refusal(flash, q, k, v)
-        return
     got = jax.jit(flash)(q, k, v)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
@@ -215,9 +206,6 @@ def test_vmap_jit_and_unbatched(platform, rng):
 
     grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
     mapped = jax.jit(jax.vmap(grad, in_axes=(0, None, None, 0, 0)))
-    if platform == "gpu":
-        _expect_cuda_refusal(mapped, q, k, v, ids, lengths)
-        return
     (_, out), (dq, dk, dv) = mapped(q, k, v, ids, lengths)
     for n in range(vmapped):
         (_, out_n), (dq_n, dk_n, dv_n) = jax.jit(grad)(q[n], k, v, ids[n], lengths[n])
@@ -239,9 +227,6 @@ def test_lowering_passes_the_given_operands(platform, rng):
     kwargs = dict(segment_ids=(np.zeros((2, 5), np.int32), np.zeros((2, 7), np.int32)),
                   key_value_seq_lengths=np.array([7, 3], np.int32))
     flash = functools.partial(jax_flash.dot_product_attention, **kwargs)
-    if platform == "gpu":
-        _expect_cuda_refusal(flash, q, k, k)
-        return
     text = jax.jit(flash).lower(q, k, k).as_text()
     assert ("tensor<2x7x2x16xf32>, tensor<0xi32>, tensor<2xi32>, tensor<2x5xi32>, tensor<2x7xi32>, tensor<0xi32>, "
             "tensor<0xi32>) -> (tensor<2x5x4x16xf32>, tensor<2x4x5xf32>)") in text

@@ -5,6 +5,7 @@
 // Both gradient kernels recompute p_ij = exp(capped_ij - lse_i) and
 // dlogit_ij = p_ij (dout_i . v_j - delta_i) * slope_ij, the gradient with respect to the logit before the softcap;
 // then dv_j = sum_i p_ij dout_i, dk_j = scale * sum_i dlogit_ij q_i and dq_i = scale * sum_j dlogit_ij k_j.
+// The per-token inputs (TokenMask) are tested per element with token_visible, as in the forward.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -73,8 +74,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   float dv[kDims] = {};
 
   const int64_t group = shape.heads_q / shape.heads_kv;
-  const int64_t query_begin = first_row_seeing(mask, block.row_begin);
-  const int64_t query_end = end_row_seeing(mask, block.row_end, shape.seqlen_q);
+  // Given positions, the window applies to them, not to indices, so every query is a candidate.
+  const bool window_on_positions = params.tokens.q_positions != nullptr;
+  const int64_t query_begin = window_on_positions ? 0 : first_row_seeing(mask, block.row_begin);
+  const int64_t query_end = window_on_positions ? shape.seqlen_q : end_row_seeing(mask, block.row_end, shape.seqlen_q);
   for (int64_t head = block.head * group; head < (block.head + 1) * group; ++head) {
     for (int64_t tile_begin = query_begin; tile_begin < query_end; tile_begin += kTile) {
       __syncthreads();  // every warp is done with the previous tile
@@ -87,7 +90,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const float qk = dot_with_tile_rows<kTile>(k, q_tile, head_dim);
       const float dout_v = dot_with_tile_rows<kTile>(v, dout_tile, head_dim);
       const int64_t query = tile_begin + lane;
-      const bool visible = lane < kTile && query < query_end && key_visible(mask, query, key);
+      const bool visible =
+          lane < kTile && query < query_end && token_visible(mask, params.tokens, shape, block.batch, query, key);
       float row_lse = -INFINITY;
       float row_delta = 0.f;
       if (visible) {
@@ -144,8 +148,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   }
   float dq[kDims] = {};
 
-  const int64_t key_end = end_visible_key(mask, block.row_end, shape.seqlen_k);
-  for (int64_t tile_begin = first_visible_key(mask, block.row_begin); tile_begin < key_end; tile_begin += kTile) {
+  const bool window_on_positions = params.tokens.q_positions != nullptr;
+  const int64_t key_begin = window_on_positions ? 0 : first_visible_key(mask, block.row_begin);
+  const int64_t key_end = window_on_positions ? shape.seqlen_k : end_visible_key(mask, block.row_end, shape.seqlen_k);
+  for (int64_t tile_begin = key_begin; tile_begin < key_end; tile_begin += kTile) {
     __syncthreads();  // every warp is done with the previous tile
     stage_tile<kTile>(k_tile, k, kv_layout, block.batch, kv_head, tile_begin, key_end);
     stage_tile<kTile>(v_tile, v, kv_layout, block.batch, kv_head, tile_begin, key_end);
@@ -157,7 +163,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const float qk = dot_with_tile_rows<kTile>(q, k_tile, head_dim);
     const float dout_v = dot_with_tile_rows<kTile>(dout, v_tile, head_dim);
     const int64_t key = tile_begin + lane;
-    const bool visible = lane < kTile && key < key_end && key_visible(mask, query, key);
+    const bool visible =
+        lane < kTile && key < key_end && token_visible(mask, params.tokens, shape, block.batch, query, key);
     const ScoreGradient grad = score_gradient(params, visible, row_lse, row_delta, qk, dout_v);
 
     accumulate_tile_rows<kTile>(dq, grad.dlogit, k_tile, head_dim);

@@ -1,4 +1,5 @@
-// Simple attention forward: a warp per query row, online softmax over tiles of keys staged in shared memory.
+// Simple attention forward: a warp per query row, online softmax over tiles of keys staged in shared memory. The
+// per-token inputs (TokenMask) are tested per element with token_visible; these float32 kernels skip no tiles for them.
 #include <cmath>
 #include <cstdint>
 
@@ -42,8 +43,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) attention_forward_simple_
   float running_sum = 0.f;
   float acc[kDims] = {};
 
-  const int64_t key_end = end_visible_key(mask, block.row_end, shape.seqlen_k);
-  for (int64_t tile_begin = first_visible_key(mask, block.row_begin); tile_begin < key_end; tile_begin += kTile) {
+  // Given positions, the window applies to them, not to indices, so every key is a candidate.
+  const bool window_on_positions = params.tokens.q_positions != nullptr;
+  const int64_t key_begin = window_on_positions ? 0 : first_visible_key(mask, block.row_begin);
+  const int64_t key_end = window_on_positions ? shape.seqlen_k : end_visible_key(mask, block.row_end, shape.seqlen_k);
+  for (int64_t tile_begin = key_begin; tile_begin < key_end; tile_begin += kTile) {
     __syncthreads();  // every warp is done with the previous tile
     stage_tile<kTile>(k_tile, k, kv_layout, block.batch, kv_head, tile_begin, key_end);
     stage_tile<kTile>(v_tile, v, kv_layout, block.batch, kv_head, tile_begin, key_end);
@@ -53,7 +57,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) attention_forward_simple_
     // Lane t scores key tile_begin + t.
     const float dot = dot_with_tile_rows<kTile>(q, k_tile, head_dim);
     const int64_t key = tile_begin + lane;
-    const bool visible = lane < kTile && key < key_end && key_visible(mask, query, key);
+    const bool visible =
+        lane < kTile && key < key_end && token_visible(mask, params.tokens, shape, block.batch, query, key);
     const float logit = visible ? capped_logit(params.scale * dot, mask.softcap) : -INFINITY;
 
     const float new_max = fmaxf(running_max, warp_max(logit));

@@ -117,13 +117,6 @@ ffi::Error decode_tokens(const ffi::RemainingArgs& args, int64_t present, const 
 
 }  // namespace
 
-ffi::Error require_no_tokens(const TokenMask& tokens, const char* platform) {
-  if (!tokens.any()) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                    std::string("jax_flash: segment ids / sequence lengths are not implemented in the ") + platform +
-                        " kernels yet");
-}
-
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                           const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
                           ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {

@@ -63,7 +63,4 @@ ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& d
                            ffi::AnyBuffer& dk, ffi::AnyBuffer& dv, const AttentionAttrs& attrs,
                            AttentionBackwardParams* params);
 
-// The error of a platform whose kernels do not take token-mask operands yet, or Success when the call has none.
-ffi::Error require_no_tokens(const TokenMask& tokens, const char* platform);
-
 }  // namespace jax_flash

@@ -28,7 +28,6 @@ ffi::Error forward_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   AttentionForwardParams params{};
   if (auto error = decode_forward(kCudaLimits, q, k, v, tokens, *out, *lse, attrs, &params); error.failure())
     return error;
-  if (auto error = require_no_tokens(params.tokens, "CUDA"); error.failure()) return error;
   return launch_status("attention forward launch", launch_attention_forward(params, stream));
 }
 
@@ -40,7 +39,6 @@ ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi
   if (auto error = decode_backward(kCudaLimits, dout, q, k, v, out, lse, tokens, *dq, *dk, *dv, attrs, &params);
       error.failure())
     return error;
-  if (auto error = require_no_tokens(params.tokens, "CUDA"); error.failure()) return error;
   const size_t workspace_bytes = attention_backward_workspace_bytes(params.shape);
   void* workspace = nullptr;
   if (workspace_bytes > 0) {

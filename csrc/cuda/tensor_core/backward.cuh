@@ -10,6 +10,10 @@
 //          Head dims whose two accumulators would not fit in registers run it twice, once per gradient.
 //   dq:    a block owns query rows like the forward and walks the visible key blocks, double-buffered:
 //            s = q k^T, dp = dout v^T, ds = p (dp - delta) slope, dq += ds k.
+//
+// Under a TokenMask both kernels walk the other side's tiles as the forward does (token_tiles.cuh): empty tiles are
+// skipped, full ones unmasked, partial ones masked per element; that path is its own instantiation (kTokens), so the
+// kernels without one are unchanged.
 #pragma once
 
 #include <cmath>
@@ -26,6 +30,7 @@
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
+#include "token_tiles.cuh"
 #include "warp_mma.cuh"
 
 namespace jax_flash::cuda_kernels::tensor_core {
@@ -46,7 +51,7 @@ struct KeyGradientLayout {
       2 * KVTile::kBytes + 4 * QTile::kBytes + 4 * kBlockM * static_cast<int>(sizeof(float));
 };
 
-template <typename Element, int kHeadDim, KeyGradients kWhich>
+template <typename Element, int kHeadDim, KeyGradients kWhich, bool kTokens>
 __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads)
     attention_backward_dkdv_kernel(const AttentionBackwardParams params, const float* delta) {
   using Layout = KeyGradientLayout<Element, kHeadDim>;
@@ -90,8 +95,11 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
     v_tile.template load_async<kThreads>(static_cast<const Element*>(params.v) + kv_offset, kv_stride, keys,
                                          head_dim);
 
-  const int64_t query_begin = first_row_seeing(mask, key0);
-  const int64_t query_end = end_row_seeing(mask, key0 + keys, shape.seqlen_q);
+  // Given positions, the window applies to them, not to indices: every query block is then a candidate.
+  const bool window_on_positions = kTokens && params.tokens.q_positions;
+  const int64_t query_begin = window_on_positions ? 0 : first_row_seeing(mask, key0);
+  const int64_t query_end =
+      window_on_positions ? shape.seqlen_q : end_row_seeing(mask, key0 + keys, shape.seqlen_q);
   const int64_t m_first = query_begin / kBlockM;
   const int64_t m_count = query_end > query_begin ? (query_end + kBlockM - 1) / kBlockM - m_first : 0;
   const int64_t steps = m_count * group;  // (query head, query block) pairs, query blocks innermost
@@ -113,19 +121,42 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
       delta_rows[buffer * kBlockM + r] = valid ? delta[stat] : 0.f;
     }
   };
-  if (steps > 0) stage(0, 0);
+  TileWalk walk;
+  const auto sides = [&] {
+    return WalkSides{key_row(params.tokens, shape, batch), static_cast<int>(key0), static_cast<int>(key0 + keys),
+                     query_row(params.tokens, shape, batch), kBlockM, false};
+  };
+  // The first step at or after `step` whose query block is not empty. Emptiness does not depend on the head: a
+  // head with no visible block means none has one.
+  const auto following = [&](int64_t step) {
+    if constexpr (kTokens) {
+      for (; step < steps; step = (step / m_count + 1) * m_count) {
+        const int64_t m = walk.first_visible(m_first + step % m_count, m_first + m_count, sides(), mask);
+        if (m < m_first + m_count) return step - step % m_count + (m - m_first);
+        if (step % m_count == 0) break;
+      }
+      return steps;
+    } else {
+      return step;
+    }
+  };
+  int64_t step = following(0);
+  if (step < steps) stage(step, 0);
   cp_async_commit();
 
   const int warp_key = static_cast<int>(threadIdx.x) / 32 * 16;
+  __shared__ EntryBits<1, kMTiles> token_entries[kTokens ? kThreads : 1];  // a thread's visible_entries
   const LogitTransform logit(params.scale, mask.softcap);
   float dk[1][kDTiles][4] = {};
   float dv[1][kDTiles][4] = {};
 
-  for (int64_t step = 0; step < steps; ++step) {
-    const int buffer = static_cast<int>(step % 2);
+  for (int buffer = 0; step < steps; buffer ^= 1) {
+    // Taken before the search for the next step, which may move the walk's window past this block.
+    const bool tokens_full = kTokens && walk.full(m_first + step % m_count);
+    const int64_t next = following(step + 1);
     cp_async_wait<0>();
     __syncthreads();  // this step's rows have landed, and every warp is done with the other buffer
-    if (step + 1 < steps) stage(step + 1, buffer ^ 1);
+    if (next < steps) stage(next, buffer ^ 1);
     cp_async_commit();
     const QTile q_tile{q_tiles + buffer * QTile::kElements};
     const QTile dout_tile{dout_tiles + buffer * QTile::kElements};
@@ -133,13 +164,22 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
     const float* row_delta = delta_rows + buffer * kBlockM;
     const int64_t query0 = (m_first + step % m_count) * kBlockM;
 
+    // Through shared memory rather than a register live across the MMAs: at head dims 128 and 256 that register
+    // made ptxas spill in the gradient loop.
+    if (kTokens)
+      token_entries[threadIdx.x] =
+          tokens_full ? EntryBits<1, kMTiles>{0}
+                      : visible_entries<1, kMTiles, true>(key_row(params.tokens, shape, batch), key0 + warp_key,
+                                                          query_row(params.tokens, shape, batch), query0, mask);
     float s[1][kMTiles][4] = {};
     mma_rows_by_rows<Element, 1, kMTiles, kHeadDim / 16>(s, k_tile, warp_key, q_tile, 0);
     float dp[1][kMTiles][4] = {};
     if (kKey) mma_rows_by_rows<Element, 1, kMTiles, kHeadDim / 16>(dp, v_tile, warp_key, dout_tile, 0);
 
-    const bool unmasked = tile_inside_window(mask, query0, query0 + kBlockM, key0, key0 + kBlockN);
+    const bool unmasked =
+        kTokens ? tokens_full : tile_inside_window(mask, query0, query0 + kBlockM, key0, key0 + kBlockN);
     const auto to_gradients = [&](auto capped) {
+      const EntryBits<1, kMTiles> token_visible_entries = kTokens ? token_entries[threadIdx.x] : 0;
 #pragma unroll
       for (int j = 0; j < kMTiles; ++j) {
 #pragma unroll
@@ -147,7 +187,9 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
           const AccumulatorIndex at = accumulator_index(0, j, e);  // row: key, column: query
           const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
           float p = exp2_fast(x.log2_value - lse_log2[at.column]);
-          if (!unmasked && !key_visible(mask, query0 + at.column, key0 + warp_key + at.row)) p = 0.f;
+          if (!unmasked && !(kTokens ? entry_visible<kMTiles>(token_visible_entries, 0, j, e)
+                                     : key_visible(mask, query0 + at.column, key0 + warp_key + at.row)))
+            p = 0.f;
           s[0][j][e] = p;
           if (kKey) dp[0][j][e] = p * (dp[0][j][e] - row_delta[at.column]) * x.slope;
         }
@@ -168,6 +210,7 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
       accumulator_to_operand<Element>(dp, ds_operand);
       mma_registers_by_columns<Element, 1, kDTiles, kMTiles / 2>(dk, ds_operand, q_tile, 0);
     }
+    step = next;
   }
   cp_async_wait<0>();
 
@@ -203,8 +246,10 @@ struct QueryGradientLayout {
   static constexpr int kSmemBytes = 2 * QTile::kBytes + 4 * KVTile::kBytes;
 };
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThreads)
+// The token variant asks for a minimum of one block per SM: left to itself, ptxas held it to 168 registers (three
+// blocks) on sm80 and spilled; 0 leaves the dense kernel's allocation as it was.
+template <typename Element, int kHeadDim, bool kTokens>
+__global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThreads, kTokens ? 1 : 0)
     attention_backward_dq_kernel(const AttentionBackwardParams params, const float* delta) {
   using Layout = QueryGradientLayout<Element, kHeadDim>;
   constexpr int kThreads = Layout::kThreads;
@@ -227,7 +272,10 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   const int head_dim = static_cast<int>(shape.head_dim);
   const QueryBlock work = query_block<kBlockM, kBlockN>(shape, mask);
   const int64_t batch = work.batch, head = work.head, row_begin = work.row_begin, rows = work.rows;
-  const int64_t n_begin = work.key_blocks_begin, n_end = work.key_blocks_end;
+  // Given positions, the window applies to them, not to indices: the walk then starts from every key block.
+  const bool window_on_positions = kTokens && params.tokens.q_positions;
+  const int64_t n_begin = window_on_positions ? 0 : work.key_blocks_begin;
+  const int64_t n_end = window_on_positions ? (shape.seqlen_k + kBlockN - 1) / kBlockN : work.key_blocks_end;
   const int64_t q_stride = shape.heads_q * head_dim;
   const int64_t kv_stride = shape.heads_kv * head_dim;
   const int64_t q_offset = work.q_offset;
@@ -242,9 +290,18 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
                                                                                shape.seqlen_k - key0, head_dim);
   };
   q_tile.template load_async<kThreads>(static_cast<const Element*>(params.q) + q_offset, q_stride, rows, head_dim);
+  TileWalk walk;
+  const auto sides = [&] {
+    return WalkSides{query_row(params.tokens, shape, batch), static_cast<int>(row_begin),
+                     static_cast<int>(row_begin + rows), key_row(params.tokens, shape, batch), kBlockN, true};
+  };
+  const auto following = [&](int64_t after) {
+    return kTokens ? walk.first_visible(after, n_end, sides(), mask) : after;
+  };
+  int64_t n = following(n_begin);
   dout_tile.template load_async<kThreads>(static_cast<const Element*>(params.dout) + q_offset, q_stride, rows,
                                           head_dim);
-  if (n_begin < n_end) stage(n_begin, 0);
+  if (n < n_end) stage(n, 0);
   cp_async_commit();
 
   const int warp_row = static_cast<int>(threadIdx.x) / 32 * 16;
@@ -262,23 +319,32 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   const LogitTransform logit(params.scale, mask.softcap);
   float dq[1][kDTiles][4] = {};
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int buffer = static_cast<int>((n - n_begin) % 2);
+  for (int buffer = 0; n < n_end; buffer ^= 1) {
     const int64_t key0 = n * kBlockN;
+    // Taken before the search for the next block, which may move the walk's window past this one.
+    const bool tokens_full = kTokens && walk.full(n);
+    const int64_t next = following(n + 1);
     cp_async_wait<0>();
     __syncthreads();  // this block's k and v have landed, and every warp is done with the other buffer
-    if (n + 1 < n_end) stage(n + 1, buffer ^ 1);
+    if (next < n_end) stage(next, buffer ^ 1);
     cp_async_commit();
 
     const KVTile k_tile{k_tiles + buffer * KVTile::kElements};
     const KVTile v_tile{v_tiles + buffer * KVTile::kElements};
+    const auto token_visible_entries =
+        kTokens && !tokens_full ? visible_entries<1, kNTiles, false>(query_row(params.tokens, shape, batch),
+                                                                     row_begin + warp_row,
+                                                                     key_row(params.tokens, shape, batch), key0, mask)
+                                : EntryBits<1, kNTiles>{0};
     float s[1][kNTiles][4] = {};
     mma_rows_by_rows<Element, 1, kNTiles, kHeadDim / 16>(s, q_tile, warp_row, k_tile, 0);
     float dp[1][kNTiles][4] = {};
     mma_rows_by_rows<Element, 1, kNTiles, kHeadDim / 16>(dp, dout_tile, warp_row, v_tile, 0);
 
-    const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
-                          tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+    const bool unmasked =
+        kTokens ? tokens_full
+                : key0 + kBlockN <= shape.seqlen_k &&
+                      tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
     const auto to_gradients = [&](auto capped) {
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
@@ -289,7 +355,10 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
           float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
           if (!unmasked) {
             const int64_t key = key0 + at.column;
-            if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) p = 0.f;
+            const int64_t row = row_begin + warp_row + at.row;
+            const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, 0, j, e)
+                                         : key < shape.seqlen_k && key_visible(mask, row, key);
+            if (!visible) p = 0.f;
           }
           s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
         }
@@ -303,6 +372,7 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
     uint32_t ds_operand[1][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, ds_operand);
     mma_registers_by_columns<Element, 1, kDTiles, kNTiles / 2>(dq, ds_operand, k_tile, 0);
+    n = next;
   }
   cp_async_wait<0>();
 
@@ -322,32 +392,39 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   }
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+template <typename Element, int kHeadDim, bool kTokens>
+cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const float* delta, cudaStream_t stream) {
   using KeyLayout = KeyGradientLayout<Element, kHeadDim>;
   using QueryLayout = QueryGradientLayout<Element, kHeadDim>;
   const AttentionShape& shape = params.shape;
-  auto* delta = static_cast<float*>(workspace);
-  // Stream order makes delta complete before the gradient kernels read it.
-  cudaError_t status = launch_backward_delta(params, delta, stream);
+  cudaError_t status = cudaSuccess;
   const int64_t key_blocks =
       (shape.seqlen_k + KeyLayout::kBlockN - 1) / KeyLayout::kBlockN * shape.heads_kv * shape.batch;
   const auto key_pass = [&](auto kernel) {
-    return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params,
-                            static_cast<const float*>(delta));
+    return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params, delta);
   };
   if constexpr (KeyGradientConfig<kHeadDim>::kSplitPasses) {
     if (status == cudaSuccess)
-      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly>);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly, kTokens>);
     if (status == cudaSuccess)
-      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly>);
-  } else if (status == cudaSuccess) {
-    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth>);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly, kTokens>);
+  } else {
+    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth, kTokens>);
   }
   if (status != cudaSuccess) return status;
-  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim>, query_blocks(shape, QueryLayout::kBlockM),
-                          QueryLayout::kThreads, QueryLayout::kSmemBytes, stream, params,
-                          static_cast<const float*>(delta));
+  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim, kTokens>,
+                          query_blocks(shape, QueryLayout::kBlockM), QueryLayout::kThreads, QueryLayout::kSmemBytes,
+                          stream, params, delta);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
+  auto* delta = static_cast<float*>(workspace);
+  // Stream order makes delta complete before the gradient kernels read it.
+  const cudaError_t status = launch_backward_delta(params, delta, stream);
+  if (status != cudaSuccess) return status;
+  return params.tokens.any() ? launch_backward_kernels<Element, kHeadDim, true>(params, delta, stream)
+                             : launch_backward_kernels<Element, kHeadDim, false>(params, delta, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

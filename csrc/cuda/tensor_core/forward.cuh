@@ -5,6 +5,11 @@
 // Per key block: s = q k^T on tensor cores; logits (scale, softcap, mask) and the online-softmax update in
 // registers; o += p v with p fed straight from the s accumulator. k and v are double-buffered: the next block's
 // copies are in flight during the whole of this block's math, and one barrier per block suffices.
+//
+// Under a TokenMask (lengths, segment ids, positions) the key blocks are walked with token_tiles.cuh: empty ones are
+// never loaded, full ones run unmasked, partial ones are masked element by element. That path is its own
+// instantiation (kTokens), picked per call: as a runtime branch it cost the dense kernel registers (and spills at
+// head dim 64), where this way the kernel without a TokenMask is the same code as before.
 #pragma once
 
 #include <cmath>
@@ -19,6 +24,7 @@
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
+#include "token_tiles.cuh"
 #include "warp_mma.cuh"
 
 namespace jax_flash::cuda_kernels::tensor_core {
@@ -37,7 +43,7 @@ struct ForwardLayout {
   static constexpr int kSmemBytes = QTile::kBytes + 4 * KVTile::kBytes;
 };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kTokens>
 __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
     attention_forward_kernel(const AttentionForwardParams params) {
   using Layout = ForwardLayout<Element, kHeadDim>;
@@ -60,7 +66,10 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   const int head_dim = static_cast<int>(shape.head_dim);
   const QueryBlock work = query_block<kBlockM, kBlockN>(shape, mask);
   const int64_t batch = work.batch, head = work.head, row_begin = work.row_begin, rows = work.rows;
-  const int64_t n_begin = work.key_blocks_begin, n_end = work.key_blocks_end;
+  // Given positions, the window applies to them, not to indices: the walk then starts from every key block.
+  const bool window_on_positions = kTokens && params.tokens.q_positions;
+  const int64_t n_begin = window_on_positions ? 0 : work.key_blocks_begin;
+  const int64_t n_end = window_on_positions ? (shape.seqlen_k + kBlockN - 1) / kBlockN : work.key_blocks_end;
   const int64_t q_stride = shape.heads_q * head_dim;
   const int64_t kv_stride = shape.heads_kv * head_dim;
   const Element* q = static_cast<const Element*>(params.q) + work.q_offset;
@@ -74,8 +83,18 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
     KVTile{v_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(v + key0 * kv_stride, kv_stride,
                                                                                shape.seqlen_k - key0, head_dim);
   };
+  TileWalk walk;
+  // Built only when the walk classifies new key blocks; see WalkSides.
+  const auto sides = [&] {
+    return WalkSides{query_row(params.tokens, shape, batch), static_cast<int>(row_begin),
+                     static_cast<int>(row_begin + rows), key_row(params.tokens, shape, batch), kBlockN, true};
+  };
+  const auto following = [&](int64_t after) {
+    return kTokens ? walk.first_visible(after, n_end, sides(), mask) : after;
+  };
+  int64_t n = following(n_begin);
   q_tile.template load_async<kThreads>(q, q_stride, rows, head_dim);
-  if (n_begin < n_end) stage(n_begin, 0);
+  if (n < n_end) stage(n, 0);
   cp_async_commit();
 
   const int warp_row = static_cast<int>(threadIdx.x) / 32 * Layout::kWarpRows;
@@ -86,21 +105,31 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.f;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int buffer = static_cast<int>((n - n_begin) % 2);
+  for (int buffer = 0; n < n_end; buffer ^= 1) {
     const int64_t key0 = n * kBlockN;
+    // Taken before the search for the next block, which may move the walk's window past this one.
+    const bool tokens_full = kTokens && walk.full(n);
+    const int64_t next = following(n + 1);
     cp_async_wait<0>();
     __syncthreads();  // this block's k and v have landed, and every warp is done with the other buffer
-    if (n + 1 < n_end) stage(n + 1, buffer ^ 1);
+    if (next < n_end) stage(next, buffer ^ 1);
     cp_async_commit();
     const KVTile k_tile{k_tiles + buffer * KVTile::kElements};
     const KVTile v_tile{v_tiles + buffer * KVTile::kElements};
 
+    const auto token_visible_entries =
+        kTokens && !tokens_full ? visible_entries<kMTiles, kNTiles, false>(query_row(params.tokens, shape, batch),
+                                                                           row_begin + warp_row,
+                                                                           key_row(params.tokens, shape, batch), key0,
+                                                                           mask)
+                                : EntryBits<kMTiles, kNTiles>{0};
     float s[kMTiles][kNTiles][4] = {};
     mma_rows_by_rows<Element, kMTiles, kNTiles, kHeadDim / 16>(s, q_tile, warp_row, k_tile, 0);
 
-    const bool unmasked = key0 + kBlockN <= shape.seqlen_k &&
-                          tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
+    const bool unmasked =
+        kTokens ? tokens_full
+                : key0 + kBlockN <= shape.seqlen_k &&
+                      tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
     logit.apply(s);
     if (!unmasked) {
 #pragma unroll
@@ -111,7 +140,10 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
           for (int e = 0; e < 4; ++e) {
             const AccumulatorIndex at = accumulator_index(m, j, e);
             const int64_t key = key0 + at.column;
-            if (key >= shape.seqlen_k || !key_visible(mask, row_begin + warp_row + at.row, key)) s[m][j][e] = -INFINITY;
+            const int64_t row = row_begin + warp_row + at.row;
+            const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, m, j, e)
+                                         : key < shape.seqlen_k && key_visible(mask, row, key);
+            if (!visible) s[m][j][e] = -INFINITY;
           }
         }
       }
@@ -145,6 +177,7 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
     uint32_t p[kMTiles][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, p);
     mma_registers_by_columns<Element, kMTiles, kDTiles, kNTiles / 2>(o, p, v_tile, 0);
+    n = next;
   }
   cp_async_wait<0>();
 
@@ -178,8 +211,12 @@ template <typename Element, int kHeadDim>
 cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
   using Layout = ForwardLayout<Element, kHeadDim>;
   const AttentionShape& shape = params.shape;
-  return launch_with_smem(attention_forward_kernel<Element, kHeadDim>, query_blocks(shape, Layout::kBlockM),
-                          Layout::kThreads, Layout::kSmemBytes, stream, params);
+  const auto launch = [&](auto kernel) {
+    return launch_with_smem(kernel, query_blocks(shape, Layout::kBlockM), Layout::kThreads, Layout::kSmemBytes,
+                            stream, params);
+  };
+  return params.tokens.any() ? launch(attention_forward_kernel<Element, kHeadDim, true>)
+                             : launch(attention_forward_kernel<Element, kHeadDim, false>);
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

@@ -15,9 +15,10 @@ import sys
 KERNEL = re.compile(r"Compiling entry function '(?P<name>\S+)' for '(?P<arch>\w+)'")
 SPILLS = re.compile(r"(\d+) bytes spill stores")
 REGISTERS = re.compile(r"Used (\d+) registers")
-# Mangled tensor-core kernel names: kernel, element type, head dim and, for dk/dv, which gradients.
+# Mangled tensor-core kernel names: kernel, element type, head dim, for dk/dv which gradients, and whether it is the
+# TokenMask variant (kTokens).
 TENSOR_CORE = re.compile(r"tensor_core\d+attention_(?P<kernel>\w+?)_kernelI(?P<element>6__half|13__nv_bfloat16)"
-                         r"Li(?P<head_dim>\d+)E(?:LNS1_12KeyGradientsE(?P<which>\d))?")
+                         r"Li(?P<head_dim>\d+)E(?:LNS1_12KeyGradientsE(?P<which>\d)E)?(?:Lb(?P<tokens>[01])E)?")
 PASSES = {None: "", "0": " (dk and dv)", "1": " (dv pass)", "2": " (dk pass)"}
 
 
@@ -32,7 +33,8 @@ def parse(paths: list[str]) -> dict:
                 spills = int(m.group(1))
             elif kernel and (m := REGISTERS.search(line)):
                 if t := TENSOR_CORE.search(kernel):
-                    row = (int(t["head_dim"]), t["kernel"] + PASSES[t["which"]])
+                    tokens = " (token mask)" if t["tokens"] == "1" else ""
+                    row = (int(t["head_dim"]), t["kernel"] + PASSES[t["which"]] + tokens)
                     dtype = "fp16" if "half" in t["element"] else "bf16"
                     table.setdefault(row, {})[(arch, dtype)] = (int(m.group(1)), spills or 0)
                 kernel = None
