@@ -136,10 +136,10 @@ class TileWalk {
                                                    const AttentionMask& mask) {
     // Tile indices fit 32 bits (sequences are shorter than 2^31 tokens); the state then takes three registers.
     while (tile < end) {
-      if (tile < base_ || tile >= base_ + 32) classify_window(static_cast<int>(tile), end, sides, mask);
+      if (tile < base_ || tile >= base_ + kWindow) classify_window(static_cast<int>(tile), end, sides, mask);
       const unsigned ahead = visible_ >> (tile - base_);
       if (ahead) return tile + __ffs(ahead) - 1;
-      tile = base_ + 32;
+      tile = base_ + kWindow;
     }
     return end;
   }
@@ -163,7 +163,9 @@ class TileWalk {
     full_ = __ballot_sync(0xffffffffu, kind == TileKind::kFull);
   }
 
-  int base_ = -1;
+  static constexpr int kWindow = 32;  // a tile per lane
+
+  int base_ = -kWindow;  // the window [base_, base_ + kWindow) holds no tile before the first search
   unsigned visible_ = 0;
   unsigned full_ = 0;
 };
