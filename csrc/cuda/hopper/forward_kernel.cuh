@@ -43,6 +43,28 @@ struct ForwardKernelParams {
   float scale;
   float scale_log2;  // of the score that reaches the softmax: scale * log2(e), or log2(e) after a softcap
   bool heaviest_first;  // launch query tiles in reverse (the last ones see the most keys under a causal mask)
+  bool pingpong;
+};
+
+// Pingpong between the two consumer warpgroups: each issues its GEMMs only on its turn and then hands the turn over,
+// so one warpgroup's wgmma runs while the other does its softmax instead of both contending at once. Turns are
+// named barriers (ids 0 and 1 past CUTLASS's reserved ones) of the 256 consumer threads.
+template <int kConsumerWarpgroups>
+struct GemmTurns {
+  bool enabled;
+  int warpgroup;
+  __device__ void start() const {  // the second warpgroup lets the first go first
+    if (enabled && warpgroup == 1) cutlass::arch::NamedBarrier::arrive(2 * 128, 0);
+  }
+  __device__ void wait_mine() const {
+    if (enabled) cutlass::arch::NamedBarrier::sync(2 * 128, warpgroup);
+  }
+  __device__ void pass() const {
+    if (enabled) cutlass::arch::NamedBarrier::arrive(2 * 128, warpgroup ^ 1);
+  }
+  __device__ void finish() const {  // the first warpgroup takes the last hand-over, so no arrival is left pending
+    if (enabled && warpgroup == 0) cutlass::arch::NamedBarrier::sync(2 * 128, 0);
+  }
 };
 
 // The key tiles [begin, end) the query rows [row_begin, row_end) may see.
@@ -169,11 +191,17 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   clear(tOrO);
   RingCursor<Config::kStages> k_cursor, v_cursor;
 
+  const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
+  turns.start();
   Barrier::wait(&smem.q_full, 0);
   // The first (last-in-sequence) tile: its scores alone, no P V in flight yet.
   int n = tiles.end - 1;
   Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
-  warpgroup_gemm<true, 0>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
+  turns.wait_mine();
+  warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
+  turns.pass();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tSrS);
   Barrier::arrive(&smem.k_empty[k_cursor.stage]);
   k_cursor.advance();
   prepare_scores(n);
@@ -182,9 +210,11 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
 
   for (--n; n >= tiles.begin; --n) {
     Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
-    warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
     Barrier::wait(&smem.v_full[v_cursor.stage], v_cursor.phase);
+    turns.wait_mine();
+    warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
     warpgroup_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_cursor.stage), tOrO);
+    turns.pass();
     warpgroup_wait<1>();  // S done; P V may still run
     warpgroup_fence_operand(tSrS);
     Barrier::arrive(&smem.k_empty[k_cursor.stage]);
@@ -203,8 +233,13 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
     to_operand();
   }
   Barrier::wait(&smem.v_full[v_cursor.stage], v_cursor.phase);
-  warpgroup_gemm<false, 0>(mma_pv, tOrP, tOrV(_, _, _, v_cursor.stage), tOrO);
+  turns.wait_mine();
+  warpgroup_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_cursor.stage), tOrO);
+  turns.pass();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tOrO);
   Barrier::arrive(&smem.v_empty[v_cursor.stage]);
+  turns.finish();
 
   float inverse_sum[kRows], lse[kRows];
   softmax.finish(inverse_sum, lse);
