@@ -7,7 +7,7 @@
 #   bash tests/gpu_checks.sh                      # all steps
 #   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
 #
-# Knobs: JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
+# Knobs: CUTLASS_WHEEL (see below), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
 # default all), TEST_WORKERS (default 8), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +17,11 @@ steps=${STEPS:-build tests sanitizer decode benchmark}
 mkdir -p "$out"
 export JAX_FLASH_CUDA_ARCHITECTURES=${JAX_FLASH_CUDA_ARCHITECTURES:-90a-real} JAX_FLASH_PTXAS_VERBOSE=ON
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} XLA_PYTHON_CLIENT_PREALLOCATE=false
+# A machine without network or CUTLASS: CUTLASS_WHEEL=path/to/nvidia_cutlass-*.whl is unpacked for the build.
+if [[ -n "${CUTLASS_WHEEL:-}" ]]; then
+  python3 -m pip install -q --no-deps --target /tmp/jax_flash_cutlass "$CUTLASS_WHEEL"
+  export PYTHONPATH=/tmp/jax_flash_cutlass${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$target${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - start )) s] $*"; }
