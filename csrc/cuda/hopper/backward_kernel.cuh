@@ -177,12 +177,27 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 
   Barrier::wait(&smem.resident_full, 0);
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int step = 0; step < walk.steps(); ++step) {
-    Barrier::wait(&smem.full[stage], phase);
+  // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
+  // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
+  // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
+  // which at head dim 128 leaves the key-major consumers too few registers (ptxas then serializes the wgmma), so
+  // those issue the next scores only after the gradient GEMMs retired.
+  constexpr bool kPipelined = !kKeyMajor || kHeadDim <= 64;
+  auto issue_scores = [&](int stage) {
     warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
     warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
+  };
+  int stage = 0;
+  uint32_t phase = 0;
+  if (kPipelined && walk.steps() > 0) {
+    Barrier::wait(&smem.full[0], 0);
+    issue_scores(0);
+  }
+  for (int step = 0; step < walk.steps(); ++step) {
+    if constexpr (!kPipelined) {
+      Barrier::wait(&smem.full[stage], phase);
+      issue_scores(stage);
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tS);
     warpgroup_fence_operand(tdP);
@@ -229,15 +244,22 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     } else {
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dQ += dS K
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tGradA);
-    if constexpr (kKeyMajor) warpgroup_fence_operand(tGradB);
-    Barrier::arrive(&smem.empty[stage]);
+    const int this_stage = stage;
     if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }
+    if (kPipelined && step + 1 < walk.steps()) {
+      Barrier::wait(&smem.full[stage], phase);
+      issue_scores(stage);
+      warpgroup_wait<2>();  // this tile's gradient GEMMs retired; the next scores may still run
+    } else {
+      warpgroup_wait<0>();
+    }
+    Barrier::arrive(&smem.empty[this_stage]);
   }
+  warpgroup_fence_operand(tGradA);
+  if constexpr (kKeyMajor) warpgroup_fence_operand(tGradB);
 
   // Gradient rows: keys [batch, seqlen_k, heads_kv, head_dim] or queries [batch, seqlen_q, heads_q, head_dim].
   const int heads = kKeyMajor ? p.heads_q / p.group : p.heads_q;

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -41,8 +40,8 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
   p.scale = params.scale;
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
   p.heaviest_first = params.mask.window_right >= 0;
-  // TEMPORARY development switch for timing both schedules on the H200; removed once one is chosen.
-  p.pingpong = std::getenv("JAX_FLASH_HOPPER_PINGPONG") == nullptr || std::getenv("JAX_FLASH_HOPPER_PINGPONG")[0] != '0';
+  // Timed on the H200 (docs/benchmarks.md): within 1% either way, slightly ahead at head dims 64 and 128.
+  p.pingpong = Config::kHeadDim <= 128;
 
   const dim3 grid(unsigned((s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(s.heads_q),
                   unsigned(s.batch));
