@@ -287,8 +287,6 @@ def test_packed_documents_match_separate_calls(rng, framework):
     """Two documents packed in one row, then padding: with segment ids, segment positions (also the rotary
     positions) and the row's length, each document's output is the layer's output on that document alone, and the
     padding's is the output projection's bias (attention gives 0 there)."""
-    if jax.default_backend() == "gpu":
-        pytest.skip("segment ids / sequence lengths are not implemented in the CUDA kernels yet")
     config = dict(num_heads=HEADS, num_kv_heads=2, is_causal=True, use_rotary=True, use_bias=True)
     lengths = (5, 4)  # then SEQ - 9 padding tokens
     x = _normal(rng, (1, SEQ, FEATURES))

@@ -75,6 +75,9 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
 template <class KeyConfig, class QueryConfig>
 cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const AttentionShape& s = params.shape;
+  if (s.batch == 0 || s.heads_q == 0) return cudaSuccess;
+  // A TMA descriptor cannot describe an empty tensor; the sm80 kernels handle (and zero-fill) those calls.
+  if (s.seqlen_q == 0 || s.seqlen_k == 0) return cudaErrorNotSupported;
   if (s.heads_q > 65535 || s.batch > 65535 || s.seqlen_q > INT32_MAX - kRowPadding) return cudaErrorNotSupported;
   auto* lse_log2 = static_cast<float*>(workspace);
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);

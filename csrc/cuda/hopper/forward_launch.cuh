@@ -17,6 +17,9 @@ template <class Config>
 cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStream_t stream) {
   using Element = typename Config::Element;
   const AttentionShape& s = params.shape;
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0) return cudaSuccess;
+  // A TMA descriptor cannot describe an empty tensor; the sm80 kernels handle calls without keys.
+  if (s.seqlen_k == 0) return cudaErrorNotSupported;
   ForwardKernelParams<Config> p{};
   p.shape_q = GlobalShape(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
   p.shape_kv = GlobalShape(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
@@ -45,7 +48,6 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
 
   const dim3 grid(unsigned((s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(s.heads_q),
                   unsigned(s.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   if (s.heads_q > 65535 || s.batch > 65535) return cudaErrorNotSupported;  // the sm80 kernels take it
   auto* kernel = &forward_kernel<Config>;
   // Set per launch: the attribute belongs to the current device, and a process may drive several.
