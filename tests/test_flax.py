@@ -295,7 +295,7 @@ def test_packed_documents_match_separate_calls(rng, framework):
     positions = np.array([[*range(lengths[0]), *range(lengths[1]), *range(SEQ - sum(lengths))]], np.int32)
     packed = at.run_flash_checked(
         lambda p, x: apply(p, x, segment_ids=ids, segment_positions=positions,
-                           seq_lengths=np.array([sum(lengths)], np.int32)), (params, x), "cpu")
+                           seq_lengths=np.array([sum(lengths)], np.int32)), (params, x), jax.default_backend())
     first = jax.jit(apply)(params, x[:, :lengths[0]])
     second = jax.jit(apply)(params, x[:, lengths[0]:sum(lengths)])
     used = sum(lengths)
