@@ -17,30 +17,16 @@ namespace jax_flash::cuda_kernels::hopper {
 using RowStatsShape = Shape<int32_t, int32_t, int32_t>;
 using RowStatsStride = Stride<_1, int64_t, int64_t>;
 
-// A (rows, head_dim) tile shape with its 128-byte-swizzled shared layout, stacked `kStages` deep.
-template <typename Element, int kRows, int kHeadDim, int kStages>
-using SwizzledTiles = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kRows>, Int<kHeadDim>, Int<kStages>>{}));
-
-// The same bytes seen as (head_dim, rows, stages): an N-major B operand.
-template <class Tiles, int kRows, int kHeadDim, int kStages>
-using TransposedTiles = decltype(composition(
-    Tiles{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-
 // kResident rows per CTA (64 per consumer warpgroup) against kStreamed rows per ring stage.
 template <typename Element_, int kHeadDim_, int kResident_, int kStreamed_, int kStages_>
-struct BackwardConfig {
+struct BackwardConfig : WarpRoles<kResident_ / 64> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kResident = kResident_;
   static constexpr int kStreamed = kStreamed_;
   static constexpr int kStages = kStages_;
-  static constexpr int kConsumerWarpgroups = kResident / 64;
-  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  static constexpr int kThreads = kConsumerThreads + 128;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536);
+  using Roles = WarpRoles<kResident_ / 64>;
+  using Roles::kConsumerWarpgroups;
   static_assert(kHeadDim % 64 == 0 && kResident % 64 == 0 && kStreamed % 16 == 0);
 
   using ResidentLayout = SwizzledTiles<Element, kResident, kHeadDim, 1>;
@@ -58,10 +44,10 @@ struct BackwardConfig {
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupLayout{}));
 
-  using GlobalTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GlobalShape{},
-                                            GlobalStride{}));
-  using TmaResident = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, take<0, 2>(ResidentLayout{})));
-  using TmaStreamed = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, take<0, 2>(StreamedLayout{})));
+  using TmaResident =
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, take<0, 2>(ResidentLayout{})));
+  using TmaStreamed =
+      decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, take<0, 2>(StreamedLayout{})));
   using StatsTensor = decltype(make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)), RowStatsShape{},
                                            RowStatsStride{}));
   using StatsLayout = Layout<Shape<Int<kStreamed>>>;

@@ -68,7 +68,8 @@ struct StreamedWalk {
 
 template <bool kKeyMajor, class Config>
 __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
-                                 int resident_block, int head, int batch, const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk) {
+                                 int resident_block, int head, int batch,
+                                 const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk) {
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
   Tensor sRa = make_tensor(make_smem_ptr(smem.resident_a.data()), take<0, 2>(typename Config::ResidentLayout{}));
   Tensor sRb = make_tensor(make_smem_ptr(smem.resident_b.data()), take<0, 2>(typename Config::ResidentLayout{}));
@@ -87,8 +88,9 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   copy(p.tma_resident_a.with(smem.resident_full), tRgA, tRsA);
   copy(p.tma_resident_b.with(smem.resident_full), tRgB, tRsB);
 
-  Tensor sLse = make_tensor(make_smem_ptr(&smem.lse[0][0]), make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{}));
-  Tensor sDelta = make_tensor(make_smem_ptr(&smem.delta[0][0]), make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{}));
+  const auto stats_layout = make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{});  // [stage][row]
+  Tensor sLse = make_tensor(make_smem_ptr(&smem.lse[0][0]), stats_layout);
+  Tensor sDelta = make_tensor(make_smem_ptr(&smem.delta[0][0]), stats_layout);
   constexpr uint32_t kStepBytes = 2 * Config::kStreamedBytes + (kKeyMajor ? 2 * Config::kStatsBytes : 0);
   int stage = 0;
   uint32_t phase = 1;  // a fresh "empty" barrier counts as released once

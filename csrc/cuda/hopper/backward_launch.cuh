@@ -21,11 +21,6 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   const AttentionShape& s = params.shape;
   const GlobalShape shape_q(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
   const GlobalShape shape_kv(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
-  auto global = [](const void* data, GlobalShape shape) {
-    const int64_t row = int64_t(get<2>(shape)) * get<1>(shape);
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
-                       GlobalStride(row, _1{}, int64_t(get<1>(shape)), row * get<0>(shape)));
-  };
   BackwardKernelParams<Config> p{};
   p.shape_resident = kKeyMajor ? shape_kv : shape_q;
   p.shape_streamed = kKeyMajor ? shape_q : shape_kv;
@@ -35,10 +30,14 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   const void* streamed_b = kKeyMajor ? params.dout : params.v;
   const auto resident_tile = take<0, 2>(typename Config::ResidentLayout{});
   const auto streamed_tile = take<0, 2>(typename Config::StreamedLayout{});
-  p.tma_resident_a = make_tma_copy(SM90_TMA_LOAD{}, global(resident_a, p.shape_resident), resident_tile);
-  p.tma_resident_b = make_tma_copy(SM90_TMA_LOAD{}, global(resident_b, p.shape_resident), resident_tile);
-  p.tma_streamed_a = make_tma_copy(SM90_TMA_LOAD{}, global(streamed_a, p.shape_streamed), streamed_tile);
-  p.tma_streamed_b = make_tma_copy(SM90_TMA_LOAD{}, global(streamed_b, p.shape_streamed), streamed_tile);
+  p.tma_resident_a =
+      make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(resident_a, p.shape_resident), resident_tile);
+  p.tma_resident_b =
+      make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(resident_b, p.shape_resident), resident_tile);
+  p.tma_streamed_a =
+      make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(streamed_a, p.shape_streamed), streamed_tile);
+  p.tma_streamed_b =
+      make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(streamed_b, p.shape_streamed), streamed_tile);
   const int64_t padded = padded_rows(s.seqlen_q);
   p.shape_stats = RowStatsShape(int32_t(padded), int32_t(s.heads_q), int32_t(s.batch));
   auto stats = [&](const float* data) {

@@ -11,41 +11,28 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "tiles.cuh"
+
 namespace jax_flash::cuda_kernels::hopper {
 
 using namespace cute;
 
-// Global tensors are [batch, seq, heads, head_dim]; the TMA views them as (seq, head_dim, heads, batch) so a tile is
-// a (rows, head_dim) box at fixed (head, batch). Extents are int32 (the handlers bound them), strides int64.
-using GlobalShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-using GlobalStride = Stride<int64_t, _1, int64_t, int64_t>;
-
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
-struct ForwardConfig {
+struct ForwardConfig : WarpRoles<kBlockM_ / 64> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static constexpr int kConsumerWarpgroups = kBlockM / 64;
-  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  static constexpr int kThreads = kConsumerThreads + 128;  // plus the producer warpgroup
-  // setmaxnreg budgets: the producer only issues TMA, so the consumers take its registers. The sum over the CTA must
-  // stay within the 64K-register file for one CTA per SM.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536);
+  using Roles = WarpRoles<kBlockM_ / 64>;
+  using Roles::kConsumerWarpgroups;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows need head_dim in multiples of 64 elements");
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0);
 
-  // 128-byte swizzle: conflict-free for wgmma reads and the TMA's native layout.
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQ = decltype(take<0, 2>(SwizzledTiles<Element, kBlockM, kHeadDim, 1>{}));
+  using SmemLayoutK = SwizzledTiles<Element, kBlockN, kHeadDim, kStages>;
   using SmemLayoutV = SmemLayoutK;
-  // The same bytes as V, seen as (head_dim, keys): the N-major B operand of the P @ V product.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutVt = TransposedTiles<SmemLayoutV, kBlockN, kHeadDim, kStages>;  // for P @ V
 
   // S = Q K^T with both operands in shared memory; O += P V with P from registers (the softmax output).
   using WarpgroupLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
@@ -57,10 +44,8 @@ struct ForwardConfig {
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupLayout{}));
 
-  using GlobalTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GlobalShape{},
-                                            GlobalStride{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, SmemLayoutQ{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor{}, take<0, 2>(SmemLayoutK{})));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, take<0, 2>(SmemLayoutK{})));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);

@@ -23,15 +23,13 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
   ForwardKernelParams<Config> p{};
   p.shape_q = GlobalShape(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
   p.shape_kv = GlobalShape(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
-  auto global = [](const void* data, GlobalShape shape) {
-    const int64_t row = int64_t(get<2>(shape)) * get<1>(shape);  // heads * head_dim elements between sequence rows
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
-                       GlobalStride(row, _1{}, int64_t(get<1>(shape)), row * get<0>(shape)));
-  };
   // Boxes past the sequence end or past head_dim (a smaller head dim in this bucket) load as zeros.
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, global(params.q, p.shape_q), typename Config::SmemLayoutQ{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, global(params.k, p.shape_kv), take<0, 2>(typename Config::SmemLayoutK{}));
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global(params.v, p.shape_kv), take<0, 2>(typename Config::SmemLayoutV{}));
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.q, p.shape_q),
+                          typename Config::SmemLayoutQ{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.k, p.shape_kv),
+                          take<0, 2>(typename Config::SmemLayoutK{}));
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.v, p.shape_kv),
+                          take<0, 2>(typename Config::SmemLayoutV{}));
   p.out = params.out;
   p.lse = params.lse;
   p.seqlen_q = int(s.seqlen_q);

@@ -5,7 +5,8 @@
     python csrc/cuda/hopper/generate_instantiations.py --check  # exit 1 if generated/ is stale
     python csrc/cuda/hopper/generate_instantiations.py --list   # the instantiation files, for CMake
 
-FORWARD_TILES and BACKWARD_TILES are the single source of which head dims have a Hopper kernel and with which tiles. CMake defines
+FORWARD_TILES and BACKWARD_TILES are the single source of which head dims have a Hopper kernel and with which tiles.
+CMake defines
 JAX_FLASH_HEAD_DIM_<d> / JAX_FLASH_DTYPE_<name> for what it compiles; the dispatch runs a call on the smallest
 compiled bucket that holds its head_dim and answers cudaErrorNotSupported otherwise (the caller then uses the sm80
 kernels), never a silent default.
@@ -121,7 +122,7 @@ def bucket_function(name: str, tiles: dict) -> str:
 def dispatch_file() -> str:
     forward_cases = switch(FORWARD_TILES, "launch_forward<{element}, {head_dim}>(params, stream)")
     backward_cases = switch(BACKWARD_TILES, "launch_backward<{element}, {head_dim}>(params, workspace, stream)")
-    return f"""{HEADER}// Only the launchers' declarations are seen here, so every call below links to an instantiation file.
+    return f"""{HEADER}// Only the launchers' declarations are seen here: every call below links to an instantiation file.
 #include "../hopper.h"
 
 #include <cstdint>

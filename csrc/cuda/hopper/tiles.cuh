@@ -1,0 +1,51 @@
+// Pieces both Hopper kernels are built from: how the TMA sees the global tensors, the swizzled shared-memory tiles
+// the wgmma reads, and the split of a CTA into a producer warpgroup and consumer warpgroups.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+
+namespace jax_flash::cuda_kernels::hopper {
+
+using namespace cute;
+
+// Global tensors are [batch, seq, heads, head_dim]; the TMA views them as (seq, head_dim, heads, batch) so a tile is
+// a (rows, head_dim) box at fixed (head, batch). Extents are int32 (the handlers bound them), strides int64.
+using GlobalShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+using GlobalStride = Stride<int64_t, _1, int64_t, int64_t>;
+
+template <typename Element>
+CUTE_HOST_DEVICE auto global_tensor(const void* data, GlobalShape shape) {
+  const int64_t row = int64_t(get<2>(shape)) * get<1>(shape);  // heads * head_dim elements between sequence rows
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
+                     GlobalStride(row, _1{}, int64_t(get<1>(shape)), row * get<0>(shape)));
+}
+
+template <typename Element>
+using GlobalTensor = decltype(global_tensor<Element>(nullptr, GlobalShape{}));
+
+// kStages (rows, head_dim) tiles, 128-byte swizzled: conflict-free for wgmma reads and the TMA's native layout.
+template <typename Element, int kRows, int kHeadDim, int kStages>
+using SwizzledTiles = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kRows>, Int<kHeadDim>, Int<kStages>>{}));
+
+// The same bytes seen as (head_dim, rows, stages): the N-major B operand of a product that sums over the rows.
+template <class Tiles, int kRows, int kHeadDim, int kStages>
+using TransposedTiles = decltype(composition(
+    Tiles{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+// A producer warpgroup (TMA only) and kConsumerWarpgroups of 64 rows each. setmaxnreg moves the producer's registers
+// to the consumers; the sum over the CTA must stay within the 64K-register file for one CTA per SM.
+template <int kConsumerWarpgroups_>
+struct WarpRoles {
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536);
+};
+
+}  // namespace jax_flash::cuda_kernels::hopper
