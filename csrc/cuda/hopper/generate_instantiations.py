@@ -6,9 +6,8 @@
     python csrc/cuda/hopper/generate_instantiations.py --list   # the instantiation files, for CMake
 
 FORWARD_TILES and BACKWARD_TILES are the single source of which head dims have a Hopper kernel and with which tiles.
-CMake defines
-JAX_FLASH_HEAD_DIM_<d> / JAX_FLASH_DTYPE_<name> for what it compiles; the dispatch runs a call on the smallest
-compiled bucket that holds its head_dim and answers cudaErrorNotSupported otherwise (the caller then uses the sm80
+CMake defines JAX_FLASH_HEAD_DIM_<d> / JAX_FLASH_DTYPE_<name> for what it compiles; the dispatch runs a call on the
+smallest compiled bucket that holds its head_dim and answers cudaErrorNotSupported otherwise (the caller then uses the sm80
 kernels), never a silent default.
 """
 
