@@ -13,7 +13,6 @@ kernels), never a silent default.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 from typing import NamedTuple
@@ -186,29 +185,11 @@ def expected_files() -> dict[str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if generated/ differs from the tables")
-    parser.add_argument("--list", action="store_true", help="print the instantiation files, ';'-separated")
-    args = parser.parse_args()
-    if args.list:
-        print(";".join(name for name in expected_files() if name != "dispatch.cu"))
-        return 0
-    files = expected_files()
-    if args.check:
-        stale = [name for name, text in files.items()
-                 if not (GENERATED / name).exists() or (GENERATED / name).read_text() != text]
-        extra = [p.name for p in GENERATED.glob("*") if p.name not in files]
-        if stale or extra:
-            print(f"generated/ is stale: {stale + extra}; rerun {pathlib.Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    GENERATED.mkdir(exist_ok=True)
-    for old in GENERATED.glob("*"):
-        if old.name not in files:
-            old.unlink()
-    for name, text in files.items():
-        (GENERATED / name).write_text(text)
-    return 0
+    sys.path.insert(0, str(HERE.parent))
+    from generated_files import run
+
+    files = {GENERATED / name: text for name, text in expected_files().items()}
+    return run(__doc__, GENERATED, files, ";".join(name for name in expected_files() if name != "dispatch.cu"))
 
 
 if __name__ == "__main__":

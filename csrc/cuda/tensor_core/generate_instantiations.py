@@ -12,7 +12,6 @@ head dim that holds it and answers cudaErrorNotSupported for anything not compil
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 from typing import NamedTuple
@@ -153,27 +152,10 @@ def outputs() -> dict[pathlib.Path, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="fail if generated/ differs from the tables")
-    parser.add_argument("--list", action="store_true", help="print the head dims, for CMake")
-    args = parser.parse_args()
-    if args.list:
-        print(";".join(str(d) for d in TILES))
-        return 0
-    files = outputs()
-    if args.check:
-        present = set(GENERATED.glob("*")) if GENERATED.exists() else set()
-        stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
-        extra = sorted(present - set(files))
-        for path in stale + extra:
-            print(f"stale: {path.relative_to(HERE)}", file=sys.stderr)
-        return 1 if stale or extra else 0
-    GENERATED.mkdir(exist_ok=True)
-    for stale in set(GENERATED.glob("*")) - set(files):
-        stale.unlink()
-    for path, text in files.items():
-        path.write_text(text)
-    return 0
+    sys.path.insert(0, str(HERE.parent))
+    from generated_files import run
+
+    return run(__doc__, GENERATED, outputs(), ";".join(str(d) for d in TILES))
 
 
 if __name__ == "__main__":
