@@ -35,4 +35,9 @@ NB_MODULE(_jax_flash_ext, m) {
     return handlers;
   });
   m.attr("cuda_architectures") = JAX_FLASH_CUDA_ARCHITECTURES;
+#ifdef JAX_FLASH_WITH_HOPPER
+  m.attr("hopper_kernels") = true;
+#else
+  m.attr("hopper_kernels") = false;
+#endif
 }

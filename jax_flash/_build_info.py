@@ -18,6 +18,7 @@ def build_info() -> dict:
         "jaxlib": metadata.version("jaxlib"),
         "compiled_platforms": list(_ffi.compiled_platforms()),
         "cuda_architectures": _ffi.cuda_architectures(),
+        "hopper_kernels": _ffi.hopper_kernels(),
         "default_device": str(jax.devices()[0]),
         "gpu": _gpu_line(),
     }
@@ -35,4 +36,15 @@ def _gpu_line() -> str:
     name = f"{device.device_kind} ({device}{f', compute capability {capability}' if capability else ''})"
     if not built:
         return f"{name} is visible, but this build has no CUDA kernels: rebuild with nvcc on PATH"
-    return f"{name}, {len(gpus)} visible"
+    return f"{name}, {len(gpus)} visible; fp16/bf16 on {_kernel_family(capability)}"
+
+
+def _kernel_family(capability) -> str:
+    """The kernels launch.cu picks for fp16/bf16 on a GPU of this compute capability (a string like "9.0")."""
+    if str(capability) != "9.0":
+        return "the sm80 tensor-core kernels"
+    if not _ffi.hopper_kernels():
+        return "the sm80 tensor-core kernels (this build has no sm_90a kernels)"
+    if _ffi.kernel_choice() == "sm80":
+        return "the sm80 tensor-core kernels (JAX_FLASH_KERNELS=sm80)"
+    return "the Hopper kernels (wgmma, TMA; head dims without a Hopper kernel and token masks on sm80)"

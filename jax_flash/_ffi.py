@@ -33,6 +33,16 @@ def cuda_architectures() -> str:
     return _ext.cuda_architectures
 
 
+def hopper_kernels() -> bool:
+    """Whether this build holds the sm_90a (wgmma/TMA) kernels, which Hopper GPUs use for fp16/bf16."""
+    return bool(_ext.hopper_kernels)
+
+
+def kernel_choice() -> str:
+    """JAX_FLASH_KERNELS as checked at import: "auto", or "sm80" to keep Hopper GPUs on the sm80 kernels."""
+    return os.environ.get("JAX_FLASH_KERNELS", "auto")
+
+
 def target_name(op: str, platform: str) -> str:
     """FFI target of `op` ("attention_fwd", "attention_bwd") on `platform`: jax_flash_<op>_<platform>."""
     return f"jax_flash_{op}_{platform}"

@@ -20,12 +20,17 @@ def test_build_info_describes_this_build():
     assert "cpu" in info["compiled_platforms"]
     has_cuda = "cuda" in info["compiled_platforms"]
     assert bool(info["cuda_architectures"]) == has_cuda
+    # The sm_90a kernels are built exactly when the architectures include sm_90a.
+    assert info["hopper_kernels"] == ("90a" in info["cuda_architectures"])
     if jax.default_backend() != "gpu":
         expected = "none visible to jax" if has_cuda else "none: CPU-only build"
         assert info["gpu"].startswith(expected)
     else:
         assert info["gpu"].startswith(jax.devices()[0].device_kind)
         assert has_cuda or "this build has no CUDA kernels" in info["gpu"]
+        if has_cuda:
+            hopper = getattr(jax.devices()[0], "compute_capability", None) == "9.0" and info["hopper_kernels"]
+            assert ("the Hopper kernels" in info["gpu"]) == (hopper and jax_flash._ffi.kernel_choice() == "auto")
 
 
 def test_info_module_prints_every_field(tmp_path):
