@@ -8,7 +8,7 @@
 #   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
 #
 # Knobs: CUTLASS_WHEEL (see below), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
-# default all), TEST_WORKERS (default 8), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
+# default all), TEST_WORKERS (default 8), TEST_SECONDS (default 480), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/gpu-checks}
@@ -36,9 +36,11 @@ fi
 # Run from outside the checkout, whose jax_flash folder has no compiled extension.
 cd /tmp
 if has tests; then
-  python3 -m pytest "$repo/tests" -q -n "${TEST_WORKERS:-8}" -p no:cacheprovider -o console_output_style=count \
-    -k "not cpu" >"$out/tests.log" 2>&1
-  elapsed "tests: $(tail -n 1 "$out/tests.log")"
+  # -v names each result as it lands, so a run cut short by the call's time limit still says what failed.
+  timeout "${TEST_SECONDS:-480}" python3 -m pytest "$repo/tests" -v -n "${TEST_WORKERS:-8}" -p no:cacheprovider \
+    -rfE --tb=short -k "not cpu" >"$out/tests.log" 2>&1
+  elapsed "tests: $(grep -c ' PASSED ' "$out/tests.log") passed, $(grep -c ' FAILED ' "$out/tests.log") failed; $(tail -n 1 "$out/tests.log")"
+  grep -E ' FAILED ' "$out/tests.log" | sed 's/.* FAILED //' | head -n 20
 fi
 if has sanitizer; then
   for tool in memcheck racecheck; do
