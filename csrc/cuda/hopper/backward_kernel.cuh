@@ -13,9 +13,9 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/numeric_conversion.h>
 
 #include "../../attention_mask.h"
+#include "../tensor_core/ptx.cuh"
 #include "accumulator_store.cuh"
 #include "backward_config.cuh"
 #include "forward_kernel.cuh"
@@ -223,23 +223,17 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       float score = tS(i);
       float slope = 1.f;
       if (p.mask.softcap > 0.f) {
-        score = p.mask.softcap * tanh_approx(score * (p.scale / p.mask.softcap));
+        score = p.mask.softcap * tensor_core::tanh_fast(score * (p.scale / p.mask.softcap));
         const float t = score / p.mask.softcap;
         slope = 1.f - t * t;
       }
-      float probability = fast_exp2(fmaf(score, p.scale_log2, -lse));
+      float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
       if (straddles && (key >= p.seqlen_k || !key_visible(p.mask, query, key))) probability = 0.f;
       tS(i) = probability;
       tdP(i) = probability * (tdP(i) - delta) * slope;
     }
-    {
-      constexpr int kCount = decltype(size(tS))::value;
-      cutlass::NumericArrayConverter<Element, float, kCount> convert;
-      *reinterpret_cast<cutlass::Array<Element, kCount>*>(tP.data()) =
-          convert(*reinterpret_cast<cutlass::Array<float, kCount> const*>(tS.data()));
-      *reinterpret_cast<cutlass::Array<Element, kCount>*>(tdS.data()) =
-          convert(*reinterpret_cast<cutlass::Array<float, kCount> const*>(tdP.data()));
-    }
+    convert_fragment(tS, tP);
+    convert_fragment(tdP, tdS);
     if constexpr (kKeyMajor) {
       warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);   // dV += P^T dO
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q

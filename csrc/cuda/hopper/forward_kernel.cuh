@@ -12,22 +12,15 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/numeric_conversion.h>
 
 #include "../../attention_mask.h"
+#include "../tensor_core/ptx.cuh"
 #include "forward_config.cuh"
 #include "accumulator_store.cuh"
 #include "online_softmax.cuh"
 #include "warpgroup_gemm.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
-
-// MUFU tanh: its ~2^-11 relative error is below what 16-bit probabilities resolve.
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <class Config>
 struct ForwardKernelParams {
@@ -163,7 +156,9 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
     if (p.mask.softcap > 0.f) {
       const float inverse_cap = p.scale / p.mask.softcap;
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = p.mask.softcap * tanh_approx(tSrS(i) * inverse_cap);
+      for (int i = 0; i < size(tSrS); ++i) {
+        tSrS(i) = p.mask.softcap * tensor_core::tanh_fast(tSrS(i) * inverse_cap);
+      }
     }
     const int key_begin = n * kBlockN;
     const bool straddles = key_begin + kBlockN > p.seqlen_k ||
@@ -180,11 +175,7 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
       }
     }
   };
-  auto to_operand = [&]() {
-    cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
-    *reinterpret_cast<cutlass::Array<Element, decltype(size(tSrS))::value>*>(tOrP.data()) =
-        convert(*reinterpret_cast<cutlass::Array<float, decltype(size(tSrS))::value> const*>(tSrS.data()));
-  };
+  auto to_operand = [&]() { convert_fragment(tSrS, tOrP); };
 
   OnlineSoftmax<kRows> softmax(p.scale_log2);
   float rescale[kRows];

@@ -7,6 +7,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "../tensor_core/ptx.cuh"  // exp2_fast: one MUFU.EX2, no range fix-ups
+
 namespace jax_flash::cuda_kernels::hopper {
 
 // Each row is shared by the 4 threads of a quad (consecutive lanes).
@@ -18,13 +20,6 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// One MUFU.EX2; exp2f would add range fix-ups that probabilities in [0, 1] do not need.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 template <int kRows>
@@ -54,12 +49,12 @@ struct OnlineSoftmax {
       new_max = quad_max(new_max);
       // A row with no visible key yet keeps every probability exp2(-inf) = 0 rather than NaN from -inf - -inf.
       const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-      rescale[r] = fast_exp2(row_max[r] * scale_log2 - base);
+      rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
       row_max[r] = new_max;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        scores(r, c) = fast_exp2(fmaf(scores(r, c), scale_log2, -base));
+        scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
         sum += scores(r, c);
       }
       row_sum[r] = row_sum[r] * rescale[r] + sum;

@@ -3,6 +3,8 @@
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -45,6 +47,18 @@ __device__ __forceinline__ constexpr auto accumulator_as_operand_a(Layout acc) {
   auto column_pairs = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
   return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(column_pairs)), get<1>(acc),
                      coalesce(make_layout(get<0, 1>(column_pairs), get<2>(acc))));
+}
+
+// A float32 accumulator rounded to the 16-bit register operand of the next wgmma, with paired conversions
+// (cvt.rn.bf16x2 / f16x2) over the whole fragment.
+template <class Accumulator, class Operand>
+__device__ __forceinline__ void convert_fragment(Accumulator const& accumulator, Operand& operand) {
+  using Element = typename Operand::value_type;
+  constexpr int kCount = decltype(size(accumulator))::value;
+  static_assert(decltype(size(operand))::value == kCount);
+  cutlass::NumericArrayConverter<Element, float, kCount> convert;
+  *reinterpret_cast<cutlass::Array<Element, kCount>*>(operand.data()) =
+      convert(*reinterpret_cast<cutlass::Array<float, kCount> const*>(accumulator.data()));
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper
