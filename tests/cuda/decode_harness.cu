@@ -16,30 +16,21 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dtype_values.h"
+
 #include "cuda/decode_cuda.h"
 
 using namespace jax_flash;
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(1); } } while (0)
 
 struct Case { DType dtype; int b, max_len, q_len, hq, hkv, d, page_size; int64_t window; float softcap; };
 
-static const char* name(DType t) { return t == DType::kFloat32 ? "f32" : t == DType::kFloat16 ? "f16" : "bf16"; }
-
-// Host values stored as the dtype's bytes (2 or 4 per element); `round` gives the value the device sees.
-static void store(DType t, float x, void* dst, size_t i) {
-  if (t == DType::kFloat32) static_cast<float*>(dst)[i] = x;
-  else if (t == DType::kFloat16) static_cast<__half*>(dst)[i] = __float2half(x);
-  else static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16(x);
-}
-static float load(DType t, const void* src, size_t i) {
-  if (t == DType::kFloat32) return static_cast<const float*>(src)[i];
-  if (t == DType::kFloat16) return __half2float(static_cast<const __half*>(src)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
-}
+using harness::load;
+using harness::name;
+using harness::store;
 
 static double run_case(const Case& c, bool timing, std::mt19937& gen) {
   std::normal_distribution<float> normal;
-  const size_t es = c.dtype == DType::kFloat32 ? 4 : 2;
+  const size_t es = harness::element_size(c.dtype);
   const int pages_per_seq = c.page_size ? (c.max_len + c.page_size - 1) / c.page_size : 1;
   const int page_size = c.page_size ? c.page_size : c.max_len;
   const int num_pages = c.page_size ? c.b * pages_per_seq + 2 : c.b;

@@ -22,20 +22,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dtype_values.h"
+
 #include "attention_mask.h"
 #include "cuda/attention_simple.h"
 #include "cuda/backward_delta.h"
 #include "cuda/tensor_core/tensor_core.h"
 
 using namespace jax_flash;
-#define CHECK(x)                                                                                             \
-  do {                                                                                                       \
-    cudaError_t e = (x);                                                                                     \
-    if (e != cudaSuccess) {                                                                                  \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);                        \
-      exit(1);                                                                                               \
-    }                                                                                                        \
-  } while (0)
 
 struct Case {
   DType dtype;
@@ -45,19 +39,10 @@ struct Case {
   float softcap;
 };
 
-static const char* name(DType t) { return t == DType::kFloat32 ? "f32" : t == DType::kFloat16 ? "f16" : "bf16"; }
-static size_t element_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
-
-static void store(DType t, float x, void* dst, size_t i) {
-  if (t == DType::kFloat32) static_cast<float*>(dst)[i] = x;
-  else if (t == DType::kFloat16) static_cast<__half*>(dst)[i] = __float2half(x);
-  else static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16(x);
-}
-static float load(DType t, const void* src, size_t i) {
-  if (t == DType::kFloat32) return static_cast<const float*>(src)[i];
-  if (t == DType::kFloat16) return __half2float(static_cast<const __half*>(src)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
-}
+using harness::element_size;
+using harness::load;
+using harness::name;
+using harness::store;
 
 // A tensor on host and device, stored as the dtype; `host` holds the values the device sees, as doubles.
 struct Tensor {
