@@ -7,8 +7,8 @@ GQA 32 query / 8 kv heads, head_dim 128, bfloat16, at (batch, cache length) = (8
 jitted fori_loop (each step's query depends on the previous output, so no step can be skipped or hoisted), which
 leaves Python dispatch out of the time. Reported: microseconds per call and the GB/s of K+V read (batch x length x
 kv_heads x head_dim x 2 tensors x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query
-of length 1) and, when importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa. Every result is checked
-against jax.nn's xla output first.
+of length 1) and, when importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's
+flash_mha. Every result is checked against jax.nn's xla output first.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ def _implementations(on_gpu: bool):
 
             impls["pallas gqa"] = lambda q, k, v, n: pallas_decode.gqa(
                 q[:, 0], k, v, sm_scale=1.0 / math.sqrt(q.shape[-1]))[:, None]
+        except ImportError:
+            pass
+        try:
+            from flash_attn3_jax import flash_mha  # Hopper only; takes GQA caches as they are
+
+            impls["flash-attn3-jax"] = lambda q, k, v, n: flash_mha(q, k, v)
         except ImportError:
             pass
     return impls

@@ -17,10 +17,33 @@ constexpr float kLn2 = 0.6931471805599453f;
 // of 16; a contiguous cache is one page per sequence).
 constexpr int kKeyAlign = 16;
 
+constexpr int kTileKeys = 16;  // keys per tile of the tensor-core kernels
+constexpr int kMmaRows = 16;   // packed rows per pass of the tensor-core kernels: the M of mma m16n8k16
+
 struct Partials {
   float* o;    // [splits, rows_out, head_dim], each split normalised by its own sum
   float* lse;  // [splits, rows_out], base-2
 };
+
+// What one block owns, from its grid position. The grid is (splits, kv heads x passes, batch), or with
+// heads_fastest (kv heads x passes, splits, batch), so that the blocks reading the same keys of all kv heads are
+// launched next to each other.
+struct BlockIndex {
+  int64_t b, hk;
+  int row0;  // first packed row of this pass
+  int split, splits;
+};
+
+__device__ __forceinline__ BlockIndex block_index(int passes, int rows_per_pass, bool heads_fastest) {
+  const int head_pass = heads_fastest ? blockIdx.x : blockIdx.y;
+  BlockIndex index;
+  index.b = blockIdx.z;
+  index.hk = head_pass / passes;
+  index.row0 = head_pass % passes * rows_per_pass;
+  index.split = heads_fastest ? blockIdx.y : blockIdx.x;
+  index.splits = heads_fastest ? gridDim.y : gridDim.x;
+  return index;
+}
 
 // A block owns packed rows [row0, row0 + rows) of kv head hk of sequence b (row = i * group + g: query head g of the
 // group at new position i) and split `split` of the keys those rows may see.
@@ -55,12 +78,22 @@ __device__ __forceinline__ int64_t out_row(const DecodeParams& p, int64_t b, int
   return (b * p.q_len + row / group) * p.heads_q + hk * group + row % group;
 }
 
+// Element offset of key j0 (a multiple of 16) of sequence b, kv head h: the tile's 16 keys follow with a stride of
+// heads_kv * head_dim. 32-bit division: positions are far below 2^31.
+__device__ __forceinline__ int64_t tile_offset(const PagedCache& c, int64_t b, int j0, int64_t h) {
+  const int page_size = static_cast<int>(c.page_size);
+  int64_t id = c.page_table[b * c.pages_per_seq + j0 / page_size];
+  id = id < 0 ? 0 : (id >= c.num_pages ? c.num_pages - 1 : id);
+  return ((id * c.page_size + j0 % page_size) * c.heads_kv + h) * c.head_dim;
+}
+
 // Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
 // state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. All threads of the block take part.
 template <typename Element, int kStates, int kRows, int kWidth>
-__device__ void merge_and_store(const DecodeParams& p, const Partials& parts, int64_t b, int64_t hk, int row0,
-                                int rows, const float* state_max, const float* state_sum, const float* state_o) {
-  const int split = blockIdx.x, splits = gridDim.x;
+__device__ void merge_and_store(const DecodeParams& p, const Partials& parts, const BlockIndex& block, int rows,
+                                const float* state_max, const float* state_sum, const float* state_o) {
+  const int64_t b = block.b, hk = block.hk;
+  const int row0 = block.row0, split = block.split, splits = block.splits;
   const int64_t d = p.cache.head_dim;
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;

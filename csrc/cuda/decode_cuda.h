@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "../decode_params.h"
+#include "decode_tuning.h"
 
 namespace jax_flash {
 
@@ -16,10 +17,14 @@ namespace jax_flash {
 struct DecodePlan {
   int64_t splits;
   size_t workspace_bytes;
+  DecodeTuning tuning;  // kernel shape and grid order: kDefaultDecodeTuning outside the harness's sweep
 };
 
 // Chooses the plan from the shape and the SM count of the current device (read once per device, then cached).
 cudaError_t plan_decode(const DecodeParams& params, DecodePlan* plan);
+
+// The same with the given knobs instead of kDefaultDecodeTuning (the harness's sweep).
+cudaError_t plan_decode_tuned(const DecodeParams& params, const DecodeTuning& tuning, DecodePlan* plan);
 
 // Returns the launch error (never synchronizes the stream). `workspace` holds plan.workspace_bytes, allocated by
 // the caller through XLA.

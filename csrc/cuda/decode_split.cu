@@ -1,6 +1,7 @@
-// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_mma.cuh (fp16/bf16, tensor
-// cores) and decode_split_simt.cuh (float32, CUDA cores); both are bound by memory bandwidth, so the plan's job is to
-// give every SM enough blocks:
+// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_mma.cuh and
+// decode_split_rows.cuh (fp16/bf16, tensor cores; which shape runs at head dims 65..128 is DecodeTuning::kernel) and
+// decode_split_simt.cuh (float32, CUDA cores); all are bound by memory bandwidth, so the plan's job is to give every
+// SM enough blocks:
 //
 // * A block owns (split, kv head, pass of packed rows, sequence). Packed rows are all query heads of the kv head at
 //   every new position, so each K/V row is read once for all of them.
@@ -14,6 +15,7 @@
 #include "decode_combine.cuh"
 #include "decode_cuda.h"
 #include "decode_split_mma.cuh"
+#include "decode_split_rows.cuh"
 #include "decode_split_simt.cuh"
 
 namespace jax_flash {
@@ -69,10 +71,12 @@ struct Instance {
 
   static int64_t passes(const DecodeParams& p) { return (p.q_len * p.group() + kRows - 1) / kRows; }
 
-  static void launch(const DecodeParams& p, int64_t splits, Partials parts, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.heads_kv * passes(p)),
+  static void launch(const DecodeParams& p, int64_t splits, bool heads_fastest, Partials parts, cudaStream_t stream) {
+    const unsigned split_dim = static_cast<unsigned>(splits);
+    const unsigned head_dim = static_cast<unsigned>(p.cache.heads_kv * passes(p));
+    const dim3 grid(heads_fastest ? head_dim : split_dim, heads_fastest ? split_dim : head_dim,
                     static_cast<unsigned>(p.batch));
-    Kernel::function<<<grid, kThreads, kShared, stream>>>(p, static_cast<int>(passes(p)), parts);
+    Kernel::function<<<grid, kThreads, kShared, stream>>>(p, static_cast<int>(passes(p)), heads_fastest, parts);
   }
 };
 
@@ -86,6 +90,15 @@ using Mma = Instance<Element, kMmaRows, kWarps * 32,
                      MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>::kSharedBytes,
                      MmaFunction<Element, kChunksK, kChunksV, kWarps, kStages>>;
 
+template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk>
+struct RowsFunction {
+  static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages, kBulk>;
+};
+
+template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk>
+using Rows = Instance<Element, kMmaRows, kWarps * 32, RowsKernel<Element, kWidth, kWarps, kStages>::kSharedBytes,
+                      RowsFunction<Element, kWidth, kWarps, kStages, kBulk>>;
+
 template <int kLanes, int kChunks, int kRows>
 struct SimtFunction {
   static constexpr auto function = decode_simt_kernel<kLanes, kChunks, kRows>;
@@ -94,12 +107,25 @@ struct SimtFunction {
 template <int kLanes, int kChunks, int kRows>
 using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunks, kRows>>;
 
-// Calls visit(Instance{}) with the instance for p's dtype and head_dim. The tensor-core kernel's shapes keep about
-// 64 KiB of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89).
+// Calls visit(Instance{}) with the instance for p's dtype and head_dim. The lanes kernel's default shapes keep about
+// 64 KiB of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89); the other
+// shapes at head dims 65..128 are the harness's sweep (kBulk6 needs an sm_90 SM's shared memory).
 template <typename Element, typename Visitor>
-cudaError_t visit_mma(int64_t d, Visitor&& visit) {
+cudaError_t visit_mma(int64_t d, DecodeKernel kernel, Visitor&& visit) {
   if (d <= 64) return visit(Mma<Element, 2, 1, 4, 4>{});
-  if (d <= 128) return visit(Mma<Element, 4, 2, 4, 2>{});
+  if (d <= 128) {
+    switch (kernel) {
+      case DecodeKernel::kLanes2: return visit(Mma<Element, 4, 2, 4, 2>{});
+      case DecodeKernel::kLanes3: return visit(Mma<Element, 4, 2, 4, 3>{});
+      case DecodeKernel::kRows2: return visit(Rows<Element, 128, 4, 2, false>{});
+      case DecodeKernel::kRows3: return visit(Rows<Element, 128, 4, 3, false>{});
+      case DecodeKernel::kBulk2: return visit(Rows<Element, 128, 4, 2, true>{});
+      case DecodeKernel::kBulk3: return visit(Rows<Element, 128, 4, 3, true>{});
+      case DecodeKernel::kBulk6: return visit(Rows<Element, 128, 4, 6, true>{});
+      case DecodeKernel::kCount: break;
+    }
+    return cudaErrorInvalidValue;
+  }
   if (d <= 256) return visit(Mma<Element, 8, 4, 2, 2>{});
   return cudaErrorInvalidValue;
 }
@@ -113,11 +139,11 @@ cudaError_t visit_simt_rows(const DecodeParams& p, Visitor&& visit) {
 }
 
 template <typename Visitor>
-cudaError_t visit_instance(const DecodeParams& p, Visitor&& visit) {
+cudaError_t visit_instance(const DecodeParams& p, DecodeKernel kernel, Visitor&& visit) {
   const int64_t d = p.cache.head_dim;
   switch (p.dtype) {
-    case DType::kFloat16: return visit_mma<__half>(d, visit);
-    case DType::kBFloat16: return visit_mma<__nv_bfloat16>(d, visit);
+    case DType::kFloat16: return visit_mma<__half>(d, kernel, visit);
+    case DType::kBFloat16: return visit_mma<__nv_bfloat16>(d, kernel, visit);
     case DType::kFloat32:
       if (d <= 32) return visit_simt_rows<8, 1>(p, visit);
       if (d <= 64) return visit_simt_rows<16, 1>(p, visit);
@@ -150,14 +176,21 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointe
 using namespace cuda_kernels::decode;
 
 cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
-  return visit_instance(p, [&](auto instance) {
+  return plan_decode_tuned(p, kDefaultDecodeTuning, plan);
+}
+
+cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, DecodePlan* plan) {
+  if (tuning.waves < 1) return cudaErrorInvalidValue;
+  plan->tuning = tuning;
+  return visit_instance(p, tuning.kernel, [&](auto instance) {
     using Kernel = decltype(instance);
     int sms = 0, per_sm = 0;
     if (cudaError_t status = sm_count(&sms); status != cudaSuccess) return status;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
     const int64_t items = std::max<int64_t>(p.batch * p.cache.heads_kv * Kernel::passes(p), 1);
     const int64_t useful = (p.cache.capacity() + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
-    plan->splits = choose_splits(items, int64_t{sms} * per_sm, std::clamp<int64_t>(useful, 1, kMaxSplits));
+    const int64_t slots = int64_t{sms} * per_sm * tuning.waves;
+    plan->splits = choose_splits(items, slots, std::clamp<int64_t>(useful, 1, kMaxSplits));
     const int64_t rows_out = p.batch * p.q_len * p.heads_q;
     plan->workspace_bytes = plan->splits == 1 ? 0
                                               : sizeof(float) * static_cast<size_t>(plan->splits * rows_out *
@@ -178,12 +211,12 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
   const int64_t rows_out = p.batch * p.q_len * p.heads_q;
   Partials parts{static_cast<float*>(workspace), nullptr};
   if (workspace != nullptr) parts.lse = parts.o + plan.splits * rows_out * p.cache.head_dim;
-  return visit_instance(p, [&](auto instance) {
+  return visit_instance(p, plan.tuning.kernel, [&](auto instance) {
     using Kernel = decltype(instance);
     if (p.cache.heads_kv * Kernel::passes(p) > 65535) return cudaErrorInvalidValue;  // grid y
     int per_sm = 0;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
-    Kernel::launch(p, plan.splits, parts, stream);
+    Kernel::launch(p, plan.splits, plan.tuning.heads_fastest, parts, stream);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess || plan.splits == 1) return status;
     decode_combine_kernel<typename Kernel::Element>
         <<<static_cast<unsigned>(rows_out), kCombineThreads, 0, stream>>>(p, static_cast<int>(plan.splits), parts);

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "decode_block.cuh"
+#include "decode_softmax.cuh"
 #include "tensor_core/ptx.cuh"
 
 namespace jax_flash::cuda_kernels::decode {
@@ -30,11 +31,7 @@ using tensor_core::cp_async_16;
 using tensor_core::cp_async_commit;
 using tensor_core::cp_async_wait;
 using tensor_core::mma_16816;
-using tensor_core::pack_pair;
 using tensor_core::shared_address;
-
-constexpr int kTileKeys = 16;
-constexpr int kMmaRows = 16;
 
 // kChunksK 16-byte K chunks per lane and n-tile cover head_dim padded to 32 * kChunksK; kChunksV V chunks per lane
 // and key cover head_dim padded to 64 * kChunksV (the output width).
@@ -50,17 +47,9 @@ struct MmaKernel {
   static constexpr size_t kSharedBytes = kQueryBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
 };
 
-// Element offset of key j0 (a multiple of 16) of sequence b, kv head h: the tile's 16 keys follow with a stride of
-// heads_kv * head_dim. 32-bit division: positions are far below 2^31.
-__device__ __forceinline__ int64_t tile_offset(const PagedCache& c, int64_t b, int j0, int64_t h) {
-  const int page_size = static_cast<int>(c.page_size);
-  int64_t id = c.page_table[b * c.pages_per_seq + j0 / page_size];
-  id = id < 0 ? 0 : (id >= c.num_pages ? c.num_pages - 1 : id);
-  return ((id * c.page_size + j0 % page_size) * c.heads_kv + h) * c.head_dim;
-}
-
 template <typename Element, int kChunksK, int kChunksV, int kWarps, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams p, int passes, Partials parts) {
+__global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams p, int passes, bool heads_fastest,
+                                                                           Partials parts) {
   using Shape = MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>;
   constexpr int kSlots = Shape::kSlots;
   extern __shared__ uint4 shared[];
@@ -69,12 +58,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
   float* merge_o = reinterpret_cast<float*>(pipe);      // [kWarps][16][kWidth], once the pipeline is drained
   __shared__ float warp_max[kWarps][kMmaRows], warp_sum[kWarps][kMmaRows];
 
-  const int64_t hk = blockIdx.y / passes, b = blockIdx.z;
-  const int row0 = (blockIdx.y % passes) * kMmaRows;
+  const BlockIndex block = block_index(passes, kMmaRows, heads_fastest);
+  const int64_t hk = block.hk, b = block.b;
+  const int row0 = block.row0;
   const int rows = min(kMmaRows, static_cast<int>(p.q_len * p.group()) - row0);
   const int d = static_cast<int>(p.cache.head_dim);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const BlockKeys keys = block_keys(p, b, row0, rows, blockIdx.x, gridDim.x);
+  const BlockKeys keys = block_keys(p, b, row0, rows, block.split, block.splits);
 
   // Q as A operands. k-step s = 2c + h of lane quad t holds head_dim columns (4c + t) * 8 + 4h .. + 3, the order in
   // which K chunks are loaded below: a = {row g cols +0..1, row g+8 cols +0..1, row g +2..3, row g+8 +2..3}.
@@ -123,11 +113,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       }
   };
 
-  // Rows g and g + 8 of this lane: their positions (padding rows take the last real row's) and softmax state.
-  const int position_low = row_position(p, b, row0 + min(g, rows - 1));
-  const int position_high = row_position(p, b, row0 + min(g + 8, rows - 1));
-  const float logit_scale = p.mask.softcap > 0.f ? p.scale : p.scale * kLog2e;
-  float max_low = -INFINITY, max_high = -INFINITY, sum_low = 0.f, sum_high = 0.f;  // base 2; sums lane-partial
+  // Rows g and g + 8 of this lane (padding rows take the last real row's position).
+  WarpSoftmax softmax(p, row_position(p, b, row0 + min(g, rows - 1)), row_position(p, b, row0 + min(g + 8, rows - 1)),
+                      lane);
   float o[kChunksV][8][4] = {};
 
   // Tiles that need a per-key mask: past the split's end, or not inside every row's causal window.
@@ -158,50 +146,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       mma_16816<Element>(s[1], a1, k1.z, k1.w);
     }
 
-    // s[n][e]: row g (e < 2) or g + 8, key j0 + 8n + 2t + e % 2. Logits in base 2.
     const bool masked = j0 + kTileKeys > unmasked_end || j0 < unmasked_begin;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[n][e] * logit_scale;
-        if (p.mask.softcap > 0.f) x = capped_logit(x, p.mask.softcap) * kLog2e;
-        if (masked) {
-          const int key = j0 + 8 * n + 2 * t + e % 2;
-          if (key >= keys.key_end || !key_visible(p.mask, e < 2 ? position_low : position_high, key)) x = -INFINITY;
-        }
-        s[n][e] = x;
-      }
-    float tile_low = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float tile_high = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-#pragma unroll
-    for (int offset = 1; offset < 4; offset *= 2) {
-      tile_low = fmaxf(tile_low, __shfl_xor_sync(0xffffffffu, tile_low, offset));
-      tile_high = fmaxf(tile_high, __shfl_xor_sync(0xffffffffu, tile_high, offset));
-    }
-    const float new_low = fmaxf(max_low, tile_low), new_high = fmaxf(max_high, tile_high);
-    // With nothing visible yet the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
-    const float shift_low = new_low == -INFINITY ? 0.f : new_low, shift_high = new_high == -INFINITY ? 0.f : new_high;
-    const float scale_low = exp2f(max_low - shift_low), scale_high = exp2f(max_high - shift_high);
-    max_low = new_low, max_high = new_high;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = exp2f(s[n][e] - (e < 2 ? shift_low : shift_high));
-    sum_low = fmaf(sum_low, scale_low, s[0][0] + s[0][1] + s[1][0] + s[1][1]);
-    sum_high = fmaf(sum_high, scale_high, s[0][2] + s[0][3] + s[1][2] + s[1][3]);
-    // Once the maxima settle they rarely move, and the whole warp then skips the rescale.
-    if (__any_sync(0xffffffffu, scale_low != 1.f || scale_high != 1.f)) {
+    const float2 rescale = softmax.update(s, j0, masked, keys.key_end);
+    if (WarpSoftmax::any_moved(rescale)) {
 #pragma unroll
       for (int w = 0; w < kChunksV; ++w)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[w][e][0] *= scale_low, o[w][e][1] *= scale_low, o[w][e][2] *= scale_high,
-                                    o[w][e][3] *= scale_high;
+        for (int e = 0; e < 8; ++e) o[w][e][0] *= rescale.x, o[w][e][1] *= rescale.x, o[w][e][2] *= rescale.y,
+                                    o[w][e][3] *= rescale.y;
     }
-
-    // The accumulator layout of the two n-tiles is the A layout of one 16-key k-step.
-    const uint4 probs = make_uint4(pack_pair<Element>(s[0][0], s[0][1]), pack_pair<Element>(s[0][2], s[0][3]),
-                                   pack_pair<Element>(s[1][0], s[1][1]), pack_pair<Element>(s[1][2], s[1][3]));
+    const uint4 probs = probabilities_operand<Element>(s);
 #pragma unroll
     for (int w = 0; w < kChunksV; ++w) {
       const uint4 v0 = src[(2 * kChunksK + w) * 32], v1 = src[(2 * kChunksK + kChunksV + w) * 32];
@@ -220,17 +174,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
   }
   cp_async_wait<0>();
 
-  // Row sums over the 4 lanes of each row, then the warps' states go to shared memory (over the drained pipeline).
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    sum_low += __shfl_xor_sync(0xffffffffu, sum_low, offset);
-    sum_high += __shfl_xor_sync(0xffffffffu, sum_high, offset);
-  }
+  // The warps' states go to shared memory (over the drained pipeline) and are merged.
+  softmax.reduce_sums();
   __syncthreads();
-  if (t == 0) {
-    warp_max[warp][g] = max_low, warp_max[warp][g + 8] = max_high;
-    warp_sum[warp][g] = sum_low, warp_sum[warp][g + 8] = sum_high;
-  }
+  softmax.store(&warp_max[0][0], &warp_sum[0][0], warp, g);
   float* warp_o = merge_o + warp * kMmaRows * Shape::kWidth;
 #pragma unroll
   for (int w = 0; w < kChunksV; ++w)
@@ -243,8 +190,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
         warp_o[(g + 8) * Shape::kWidth + col] = o[w][e][2 + x];
       }
   __syncthreads();
-  merge_and_store<Element, kWarps, kMmaRows, Shape::kWidth>(p, parts, b, hk, row0, rows, &warp_max[0][0],
-                                                            &warp_sum[0][0], merge_o);
+  merge_and_store<Element, kWarps, kMmaRows, Shape::kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0],
+                                                            merge_o);
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

@@ -25,17 +25,19 @@ __device__ __forceinline__ int64_t key_offset(const PagedCache& c, int64_t b, in
 
 // The explicit minimum of one block per SM stops ptxas (sm_80) from capping registers at 128 and spilling.
 template <int kLanes, int kChunks, int kRows>
-__global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodeParams p, int passes, Partials parts) {
+__global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodeParams p, int passes, bool heads_fastest,
+                                                                       Partials parts) {
   constexpr int kElems = 4;  // floats per 16-byte chunk
   constexpr int kSlots = kSimtThreads / kLanes;
   constexpr int kWidth = kLanes * kChunks * kElems;  // columns covered by a slot, >= head_dim
 
-  const int64_t hk = blockIdx.y / passes, b = blockIdx.z;
-  const int row0 = (blockIdx.y % passes) * kRows;
+  const BlockIndex block = block_index(passes, kRows, heads_fastest);
+  const int64_t hk = block.hk, b = block.b;
+  const int row0 = block.row0;
   const int rows = min(kRows, static_cast<int>(p.q_len * p.group()) - row0);
   const int64_t d = p.cache.head_dim;
   const int lane = threadIdx.x % 32, sub = lane % kLanes, slot = static_cast<int>(threadIdx.x) / kLanes;
-  const BlockKeys keys = block_keys(p, b, row0, rows, blockIdx.x, gridDim.x);
+  const BlockKeys keys = block_keys(p, b, row0, rows, block.split, block.splits);
 
   // Rows' queries (pre-scaled) and positions; rows past `rows` compute on zeros and are dropped.
   float q[kRows][kChunks][kElems];
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodePara
       for (int e = 0; e < kElems; ++e) slot_o[slot][r][(c * kLanes + sub) * kElems + e] = o[r][c][e];
   }
   __syncthreads();
-  merge_and_store<float, kSlots, kRows, kWidth>(p, parts, b, hk, row0, rows, &slot_max[0][0], &slot_sum[0][0],
+  merge_and_store<float, kSlots, kRows, kWidth>(p, parts, block, rows, &slot_max[0][0], &slot_sum[0][0],
                                                 &slot_o[0][0][0]);
 }
 

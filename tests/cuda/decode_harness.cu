@@ -1,16 +1,22 @@
-// Standalone GPU check of the decode kernels (no JAX): correctness of out and lse against a double-precision host
-// reference (fp16, bf16 and float32; contiguous and paged caches; ragged lengths with NaN poison past each length, so
-// any read past a sequence's end shows; GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 64 to 256; one split
-// and many), then the GB/s of the issue-6 benchmark cases beside the measured cudnn numbers.
+// Standalone GPU check and sweep of the decode kernels (no JAX), in one run:
+// 1. correctness of out and lse against a double-precision host reference (fp16, bf16 and float32; contiguous and
+//    paged caches; ragged lengths with NaN poison past each length, so any read past a sequence's end shows;
+//    GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 32 to 256; one split and many), with the production plan,
+//    then the fp16/bf16 cases at head dims 65..128 again with every other kernel shape of the sweep (DecodeTuning);
+// 2. the device-copy bandwidth (cudaMemcpyAsync device to device of 1 GiB), against which the targets are set;
+// 3. GB/s of K+V read for the issue-6 benchmark cases with every kernel shape x grid order x wave count, one row per
+//    variant, a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that
+//    for the paged cache) and, last, the best variant among those whose checks passed.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
-// `--check-only` skips the timing (e.g. under compute-sanitizer --tool memcheck).
+// `--check-only` skips the copy and the sweep (e.g. under compute-sanitizer --tool memcheck).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -28,106 +34,160 @@ using harness::load;
 using harness::name;
 using harness::store;
 
-static double run_case(const Case& c, bool timing, std::mt19937& gen) {
+// Device buffers and params of one case. Lengths and the page table come from the caller; page ids are a shuffled
+// permutation of the pool (two pages more than needed), so neighbouring positions live far apart.
+struct DeviceCase {
+  DecodeParams p{};
+  std::vector<int32_t> table;
+  int pages_per_seq, page_size, num_pages;
+  size_t q_n, kv_n;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  int32_t *lengths = nullptr, *page_table = nullptr;
+  float* lse = nullptr;
+
+  DeviceCase(const Case& c, std::mt19937& gen) {
+    pages_per_seq = c.page_size ? (c.max_len + c.page_size - 1) / c.page_size : 1;
+    page_size = c.page_size ? c.page_size : c.max_len;
+    num_pages = c.page_size ? c.b * pages_per_seq + 2 : c.b;
+    std::vector<int> order(num_pages);
+    for (int i = 0; i < num_pages; ++i) order[i] = i;
+    if (c.page_size) std::shuffle(order.begin(), order.end(), gen);
+    table.assign(order.begin(), order.begin() + size_t(c.b) * pages_per_seq);
+    const size_t es = harness::element_size(c.dtype);
+    q_n = size_t(c.b) * c.q_len * c.hq * c.d, kv_n = size_t(num_pages) * page_size * c.hkv * c.d;
+    CHECK(cudaMalloc(&q, q_n * es)); CHECK(cudaMalloc(&k, kv_n * es)); CHECK(cudaMalloc(&v, kv_n * es));
+    CHECK(cudaMalloc(&out, q_n * es)); CHECK(cudaMalloc(&lse, q_n / c.d * 4));
+    CHECK(cudaMalloc(&lengths, c.b * 4)); CHECK(cudaMalloc(&page_table, table.size() * 4));
+    CHECK(cudaMemcpy(page_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    p.dtype = c.dtype; p.batch = c.b; p.q_len = c.q_len; p.heads_q = c.hq;
+    p.cache = PagedCache{num_pages, page_size, pages_per_seq, c.hkv, c.d, page_table};
+    p.mask = AttentionMask{c.window, 0, c.softcap}; p.scale = 1.f / std::sqrt(float(c.d));
+    p.q = q; p.k = k; p.v = v; p.lengths = lengths; p.out = out; p.lse = lse;
+  }
+  ~DeviceCase() { for (void* x : {q, k, v, out, (void*)lse, (void*)lengths, (void*)page_table}) cudaFree(x); }
+  size_t slot(int b, int j, int h, const Case& c) const {
+    return ((size_t(table[b * pages_per_seq + j / page_size]) * page_size + j % page_size) * c.hkv + h) * c.d;
+  }
+};
+
+// Plans with `tuning`, runs once and synchronizes; the workspace is the caller's to free.
+static DecodePlan plan_and_run(const DecodeParams& p, const DecodeTuning& tuning, void** workspace) {
+  DecodePlan plan{};
+  CHECK(plan_decode_tuned(p, tuning, &plan));
+  *workspace = nullptr;
+  if (plan.workspace_bytes) CHECK(cudaMalloc(workspace, plan.workspace_bytes));
+  CHECK(launch_decode(p, plan, *workspace, 0));
+  CHECK(cudaDeviceSynchronize());
+  return plan;
+}
+
+// Checks out and lse of one case against the float64 reference; prints a line when `verbose` or on failure.
+static bool check_case(const Case& c, const DecodeTuning& tuning, bool verbose, std::mt19937& gen) {
   std::normal_distribution<float> normal;
   const size_t es = harness::element_size(c.dtype);
-  const int pages_per_seq = c.page_size ? (c.max_len + c.page_size - 1) / c.page_size : 1;
-  const int page_size = c.page_size ? c.page_size : c.max_len;
-  const int num_pages = c.page_size ? c.b * pages_per_seq + 2 : c.b;
-  std::vector<int32_t> table(c.b * pages_per_seq), lengths(c.b);
-  std::vector<int> order(num_pages);
-  for (int i = 0; i < num_pages; ++i) order[i] = i;
-  if (c.page_size) std::shuffle(order.begin(), order.end(), gen);
-  for (int i = 0; i < c.b * pages_per_seq; ++i) table[i] = order[i];
+  DeviceCase dc(c, gen);
+  std::vector<int32_t> lengths(c.b);
   for (int i = 0; i < c.b; ++i)
-    lengths[i] = timing ? c.max_len : i == 0 ? 0 : i == 1 ? c.max_len : i == 2 ? c.q_len / 2 : gen() % (c.max_len + 1);
-  const size_t q_n = size_t(c.b) * c.q_len * c.hq * c.d, kv_n = size_t(num_pages) * page_size * c.hkv * c.d;
-  std::vector<char> qh(q_n * es), kh(kv_n * es), vh(kv_n * es);
+    lengths[i] = i == 0 ? 0 : i == 1 ? c.max_len : i == 2 ? c.q_len / 2 : gen() % (c.max_len + 1);
+  std::vector<char> qh(dc.q_n * es), kh(dc.kv_n * es), vh(dc.kv_n * es);
   // Every cache slot starts as NaN; only positions below a sequence's length get values.
-  for (size_t i = 0; i < kv_n; ++i) store(c.dtype, timing ? 0.5f : NAN, kh.data(), i), store(c.dtype, timing ? 0.5f : NAN, vh.data(), i);
-  for (size_t i = 0; i < q_n; ++i) store(c.dtype, timing ? 0.5f : normal(gen), qh.data(), i);
-  auto slot = [&](int b, int j, int h) {
-    return ((size_t(table[b * pages_per_seq + j / page_size]) * page_size + j % page_size) * c.hkv + h) * c.d;
-  };
-  if (!timing)
-    for (int b = 0; b < c.b; ++b) for (int j = 0; j < lengths[b]; ++j) for (int h = 0; h < c.hkv; ++h)
-      for (int x = 0; x < c.d; ++x) store(c.dtype, normal(gen), kh.data(), slot(b, j, h) + x), store(c.dtype, normal(gen), vh.data(), slot(b, j, h) + x);
-  void *dq, *dk, *dv, *dout; int32_t *dlen, *dtable; float* dlse;
-  CHECK(cudaMalloc(&dq, q_n * es)); CHECK(cudaMalloc(&dk, kv_n * es)); CHECK(cudaMalloc(&dv, kv_n * es));
-  CHECK(cudaMalloc(&dout, q_n * es)); CHECK(cudaMalloc(&dlse, q_n / c.d * 4));
-  CHECK(cudaMalloc(&dlen, c.b * 4)); CHECK(cudaMalloc(&dtable, table.size() * 4));
-  CHECK(cudaMemcpy(dq, qh.data(), q_n * es, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dk, kh.data(), kv_n * es, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dv, vh.data(), kv_n * es, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dlen, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  DecodeParams p{};
-  p.dtype = c.dtype; p.batch = c.b; p.q_len = c.q_len; p.heads_q = c.hq;
-  p.cache = PagedCache{num_pages, page_size, pages_per_seq, c.hkv, c.d, dtable};
-  p.mask = AttentionMask{c.window, 0, c.softcap}; p.scale = 1.f / std::sqrt(float(c.d));
-  p.q = dq; p.k = dk; p.v = dv; p.lengths = dlen; p.out = dout; p.lse = dlse;
-  DecodePlan plan{};
-  CHECK(plan_decode(p, &plan));
-  void* workspace = nullptr;
-  if (plan.workspace_bytes) CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
-  CHECK(launch_decode(p, plan, workspace, 0));
-  CHECK(cudaDeviceSynchronize());
-  double result = 0;
-  if (timing) {
-    cudaEvent_t start, stop; cudaEventCreate(&start); cudaEventCreate(&stop);
-    const int reps = 50;
-    cudaEventRecord(start);
-    for (int i = 0; i < reps; ++i) CHECK(launch_decode(p, plan, workspace, 0));
-    cudaEventRecord(stop); CHECK(cudaEventSynchronize(stop));
-    float ms; cudaEventElapsedTime(&ms, start, stop);
-    const double us = ms * 1e3 / reps, bytes = 2.0 * c.b * c.max_len * c.hkv * c.d * es;
-    result = bytes / us / 1e3;
-    printf("%-5s B=%4d L=%7d page=%3d splits=%3lld  %9.1f us  %7.1f GB/s", name(c.dtype), c.b, c.max_len, c.page_size,
-           (long long)plan.splits, us, result);
-  } else {
-    std::vector<char> out(q_n * es);
-    std::vector<float> lse(q_n / c.d);
-    CHECK(cudaMemcpy(out.data(), dout, q_n * es, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
-    const int group = c.hq / c.hkv;
-    double max_err = 0, lse_err = 0;
-    for (int b = 0; b < c.b; ++b) for (int i = 0; i < c.q_len; ++i) for (int h = 0; h < c.hq; ++h) {
-      const int pos = lengths[b] - c.q_len + i;
-      const size_t q_off = ((size_t(b) * c.q_len + i) * c.hq + h) * c.d;
-      std::vector<double> logits, acc(c.d, 0.0);
-      double mx = -INFINITY;
-      for (int j = 0; j <= pos; ++j) {
-        if (c.window >= 0 && j < pos - c.window) { logits.push_back(-INFINITY); continue; }
-        double s = 0;
-        for (int x = 0; x < c.d; ++x) s += double(load(c.dtype, qh.data(), q_off + x)) * load(c.dtype, kh.data(), slot(b, j, h / group) + x);
-        s *= p.scale;
-        if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
-        logits.push_back(s); mx = std::max(mx, s);
-      }
-      double sum = 0;
-      for (int j = 0; j < int(logits.size()); ++j) {
-        if (logits[j] == -INFINITY) continue;
-        const double w = std::exp(logits[j] - mx); sum += w;
-        for (int x = 0; x < c.d; ++x) acc[x] += w * load(c.dtype, vh.data(), slot(b, j, h / group) + x);
-      }
-      for (int x = 0; x < c.d; ++x) {
-        const double expected = sum > 0 ? acc[x] / sum : 0.0, got = load(c.dtype, out.data(), q_off + x);
-        max_err = std::isnan(got) ? INFINITY : std::max(max_err, std::fabs(got - expected));
-      }
-      const double expected_lse = sum > 0 ? mx + std::log(sum) : -INFINITY;
-      const double got_lse = lse[(size_t(b) * c.hq + h) * c.q_len + i];
-      if (expected_lse == -INFINITY) lse_err = std::max(lse_err, got_lse == -INFINITY ? 0.0 : INFINITY);
-      else lse_err = std::max(lse_err, std::isnan(got_lse) ? INFINITY : std::fabs(got_lse - expected_lse));
+  for (size_t i = 0; i < dc.kv_n; ++i) store(c.dtype, NAN, kh.data(), i), store(c.dtype, NAN, vh.data(), i);
+  for (size_t i = 0; i < dc.q_n; ++i) store(c.dtype, normal(gen), qh.data(), i);
+  for (int b = 0; b < c.b; ++b) for (int j = 0; j < lengths[b]; ++j) for (int h = 0; h < c.hkv; ++h)
+    for (int x = 0; x < c.d; ++x)
+      store(c.dtype, normal(gen), kh.data(), dc.slot(b, j, h, c) + x), store(c.dtype, normal(gen), vh.data(), dc.slot(b, j, h, c) + x);
+  CHECK(cudaMemcpy(dc.q, qh.data(), dc.q_n * es, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dc.k, kh.data(), dc.kv_n * es, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dc.v, vh.data(), dc.kv_n * es, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
+  void* workspace;
+  const DecodePlan plan = plan_and_run(dc.p, tuning, &workspace);
+  cudaFree(workspace);
+  std::vector<char> out(dc.q_n * es);
+  std::vector<float> lse(dc.q_n / c.d);
+  CHECK(cudaMemcpy(out.data(), dc.out, dc.q_n * es, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(lse.data(), dc.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+  const int group = c.hq / c.hkv;
+  double max_err = 0, lse_err = 0;
+  for (int b = 0; b < c.b; ++b) for (int i = 0; i < c.q_len; ++i) for (int h = 0; h < c.hq; ++h) {
+    const int pos = lengths[b] - c.q_len + i;
+    const size_t q_off = ((size_t(b) * c.q_len + i) * c.hq + h) * c.d;
+    std::vector<double> logits, acc(c.d, 0.0);
+    double mx = -INFINITY;
+    for (int j = 0; j <= pos; ++j) {
+      if (c.window >= 0 && j < pos - c.window) { logits.push_back(-INFINITY); continue; }
+      double s = 0;
+      for (int x = 0; x < c.d; ++x) s += double(load(c.dtype, qh.data(), q_off + x)) * load(c.dtype, kh.data(), dc.slot(b, j, h / group, c) + x);
+      s *= dc.p.scale;
+      if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
+      logits.push_back(s); mx = std::max(mx, s);
     }
-    const double tolerance = c.dtype == DType::kFloat32 ? 1e-4 : c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
-    const bool ok = max_err < tolerance && lse_err < 1e-3;
-    printf("%-5s B=%d L=%d q_len=%d %d/%d D=%d page=%d window=%lld softcap=%g splits=%lld: out err %.2e, lse err %.2e %s\n",
-           name(c.dtype), c.b, c.max_len, c.q_len, c.hq, c.hkv, c.d, c.page_size, (long long)c.window, c.softcap,
-           (long long)plan.splits, max_err, lse_err, ok ? "ok" : "FAIL");
-    result = ok ? 0.0 : 1.0;
+    double sum = 0;
+    for (int j = 0; j < int(logits.size()); ++j) {
+      if (logits[j] == -INFINITY) continue;
+      const double w = std::exp(logits[j] - mx); sum += w;
+      for (int x = 0; x < c.d; ++x) acc[x] += w * load(c.dtype, vh.data(), dc.slot(b, j, h / group, c) + x);
+    }
+    for (int x = 0; x < c.d; ++x) {
+      const double expected = sum > 0 ? acc[x] / sum : 0.0, got = load(c.dtype, out.data(), q_off + x);
+      max_err = std::isnan(got) ? INFINITY : std::max(max_err, std::fabs(got - expected));
+    }
+    const double expected_lse = sum > 0 ? mx + std::log(sum) : -INFINITY;
+    const double got_lse = lse[(size_t(b) * c.hq + h) * c.q_len + i];
+    if (expected_lse == -INFINITY) lse_err = std::max(lse_err, got_lse == -INFINITY ? 0.0 : INFINITY);
+    else lse_err = std::max(lse_err, std::isnan(got_lse) ? INFINITY : std::fabs(got_lse - expected_lse));
   }
-  for (void* x : {dq, dk, dv, dout, (void*)dlse, (void*)dlen, (void*)dtable, workspace}) cudaFree(x);
-  return result;
+  const double tolerance = c.dtype == DType::kFloat32 ? 1e-4 : c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
+  const bool ok = max_err < tolerance && lse_err < 1e-3;
+  if (verbose || !ok)
+    printf("%-5s B=%d L=%d q_len=%d %d/%d D=%d page=%d window=%lld softcap=%g splits=%lld %s: out err %.2e, lse err %.2e %s\n",
+           name(c.dtype), c.b, c.max_len, c.q_len, c.hq, c.hkv, c.d, c.page_size, (long long)c.window, c.softcap,
+           (long long)plan.splits, decode_kernel_name(tuning.kernel), max_err, lse_err, ok ? "ok" : "FAIL");
+  return ok;
+}
+
+// Microseconds per call (after warm-up, 50 back-to-back calls between CUDA events), and the plan's split count.
+static double time_call(const DecodeParams& p, const DecodeTuning& tuning, int64_t* splits) {
+  void* workspace;
+  const DecodePlan plan = plan_and_run(p, tuning, &workspace);
+  *splits = plan.splits;
+  for (int i = 0; i < 3; ++i) CHECK(launch_decode(p, plan, workspace, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
+  const int reps = 50;
+  CHECK(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) CHECK(launch_decode(p, plan, workspace, 0));
+  CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
+  float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start); cudaEventDestroy(stop); cudaFree(workspace);
+  return ms * 1e3 / reps;
+}
+
+// Device-to-device copy of 1 GiB (what "the device copy bandwidth" of the targets means), counted as bytes read plus
+// bytes written.
+static double copy_bandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, bytes)); CHECK(cudaMalloc(&dst, bytes));
+  CHECK(cudaMemset(src, 1, bytes));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
+  CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  const int reps = 10;
+  CHECK(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
+  float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start); cudaEventDestroy(stop); cudaFree(src); cudaFree(dst);
+  const double us = ms * 1e3 / reps;
+  printf("device copy (cudaMemcpyAsync D2D, 1 GiB): %.1f us, read+write %.1f GB/s, read alone %.1f GB/s\n", us,
+         2.0 * bytes / us / 1e3, bytes / us / 1e3);
+  return 2.0 * bytes / us / 1e3;
+}
+
+static std::string variant_name(const DecodeTuning& t) {
+  return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
+         std::to_string(t.waves) + "w";
 }
 
 int main(int argc, char** argv) {
@@ -142,30 +202,84 @@ int main(int argc, char** argv) {
       {bf16, 5, 128, 2, 64, 8, 128, 32, 40, 5.f},  {bf16, 1, 20000, 1, 32, 8, 128, 0, -1, 0},
       {bf16, 1, 9000, 2, 16, 2, 256, 48, 3000, 0}, {bf16, 3, 700, 16, 64, 8, 128, 16, -1, 0},
       {bf16, 2, 5000, 1, 8, 8, 64, 128, 100, 0},   {bf16, 4, 300, 5, 12, 4, 72, 0, -1, 0},
-      {f16, 4, 77, 1, 32, 8, 128, 0, -1, 0},       {f16, 3, 96, 1, 8, 1, 256, 16, -1, 0},
-      {f16, 4, 93, 4, 8, 2, 64, 0, 9, 0},          {f16, 5, 128, 2, 64, 8, 128, 32, 40, 5.f},
-      {f16, 1, 30000, 1, 32, 8, 128, 256, -1, 0},  {f16, 2, 3000, 16, 16, 1, 256, 0, 500, 30.f},
+      {bf16, 3, 1000, 1, 32, 8, 128, 16, -1, 0},   {f16, 4, 77, 1, 32, 8, 128, 0, -1, 0},
+      {f16, 3, 96, 1, 8, 1, 256, 16, -1, 0},       {f16, 4, 93, 4, 8, 2, 64, 0, 9, 0},
+      {f16, 5, 128, 2, 64, 8, 128, 32, 40, 5.f},   {f16, 1, 30000, 1, 32, 8, 128, 256, -1, 0},
+      {f16, 2, 3000, 16, 16, 1, 256, 0, 500, 30.f}, {f16, 4, 200, 7, 8, 2, 120, 32, -1, 0},
       {f32, 4, 77, 1, 32, 8, 128, 0, -1, 0},       {f32, 3, 96, 1, 8, 1, 256, 16, -1, 0},
       {f32, 4, 61, 16, 4, 1, 64, 0, -1, 0},        {f32, 5, 128, 2, 64, 8, 128, 32, 40, 5.f},
       {f32, 1, 20000, 1, 32, 8, 32, 0, -1, 0}};
   int failures = 0;
-  for (const Case& c : checks) failures += run_case(c, false, gen) != 0.0;
-  if (!check_only) {
-    struct Bench { Case c; double cudnn_us; };
-    const Bench bench[] = {{{bf16, 8, 4096, 1, 32, 8, 128, 0, -1, 0}, 53},
-                           {{bf16, 8, 32768, 1, 32, 8, 128, 0, -1, 0}, 272},
-                           {{bf16, 1, 131072, 1, 32, 8, 128, 0, -1, 0}, 147},
-                           {{bf16, 64, 8192, 1, 32, 8, 128, 0, -1, 0}, 504},
-                           {{bf16, 128, 2048, 1, 32, 8, 128, 0, -1, 0}, 268},
-                           {{bf16, 8, 32768, 1, 32, 8, 128, 16, -1, 0}, 0}};
-    printf("\nGQA 32/8, D=128, one query token; GB/s = K+V bytes / time (cudnn: jax.nn measured on H200 before)\n");
-    for (const Bench& b : bench) {
-      run_case(b.c, true, gen);
-      const double bytes = 2.0 * b.c.b * b.c.max_len * b.c.hkv * b.c.d * 2;
-      if (b.cudnn_us > 0) printf("   cudnn %7.1f us  %7.1f GB/s\n", b.cudnn_us, bytes / b.cudnn_us / 1e3);
-      else printf("   (paged, page 16)\n");
+  for (const Case& c : checks) failures += !check_case(c, kDefaultDecodeTuning, true, gen);
+
+  // Every other kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with the other grid order and
+  // two waves, so that the sweep's orders and split counts are checked too.
+  std::vector<bool> kernel_ok(int(DecodeKernel::kCount), true);
+  for (int k = 0; k < int(DecodeKernel::kCount); ++k) {
+    const DecodeTuning tuning{DecodeKernel(k), true, 2};
+    if (tuning.kernel == kDefaultDecodeTuning.kernel) continue;
+    int run = 0, passed = 0;
+    for (const Case& c : checks) {
+      if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
+      ++run, passed += check_case(c, tuning, false, gen);
     }
+    kernel_ok[k] = passed == run;
+    failures += run - passed;
+    printf("checks %-6s (kv heads fastest, 2 waves): %d/%d ok\n", decode_kernel_name(tuning.kernel), passed, run);
   }
-  printf(failures ? "%d CHECKS FAILED\n" : "ALL OK\n", failures);
+
+  std::string best = "none";
+  if (!check_only) {
+    copy_bandwidth();
+    struct Bench { Case c; const char* label; double target_gbps; };
+    const Bench bench[] = {{{bf16, 8, 4096, 1, 32, 8, 128, 0, -1, 0}, "8x4k", 2900},
+                           {{bf16, 8, 32768, 1, 32, 8, 128, 0, -1, 0}, "8x32k", 3850},
+                           {{bf16, 1, 131072, 1, 32, 8, 128, 0, -1, 0}, "1x131k", 3850},
+                           {{bf16, 64, 8192, 1, 32, 8, 128, 0, -1, 0}, "64x8k", 3850},
+                           {{bf16, 128, 2048, 1, 32, 8, 128, 0, -1, 0}, "128x2k", 3850},
+                           {{bf16, 8, 32768, 1, 32, 8, 128, 16, -1, 0}, "8x32k/p16", 0.95 * 3850}};
+    constexpr int kShapes = sizeof(bench) / sizeof(bench[0]);
+    std::vector<DecodeTuning> variants;
+    for (int k = 0; k < int(DecodeKernel::kCount); ++k)
+      for (bool heads_fastest : {false, true})
+        for (int waves : {1, 2}) variants.push_back({DecodeKernel(k), heads_fastest, waves});
+    std::vector<std::vector<double>> gbps(variants.size(), std::vector<double>(kShapes));
+    std::vector<std::vector<int64_t>> splits(variants.size(), std::vector<int64_t>(kShapes));
+    for (int s = 0; s < kShapes; ++s) {
+      const Case& c = bench[s].c;
+      DeviceCase dc(c, gen);
+      // Full caches of one finite value: bf16 0x3F3F (0.746) everywhere.
+      CHECK(cudaMemset(dc.q, 0x3F, dc.q_n * 2)); CHECK(cudaMemset(dc.k, 0x3F, dc.kv_n * 2));
+      CHECK(cudaMemset(dc.v, 0x3F, dc.kv_n * 2));
+      std::vector<int32_t> lengths(c.b, c.max_len);
+      CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
+      const double bytes = 2.0 * c.b * c.max_len * c.hkv * c.d * 2;
+      for (size_t v = 0; v < variants.size(); ++v) gbps[v][s] = bytes / time_call(dc.p, variants[v], &splits[v][s]) / 1e3;
+    }
+    printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
+    printf("%-20s", "variant");
+    for (const Bench& b : bench) printf(" %14s", b.label);
+    printf("  score\n");
+    double best_score = 0;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      double score = INFINITY;
+      printf("%-20s", variant_name(variants[v]).c_str());
+      for (int s = 0; s < kShapes; ++s) {
+        printf(" %8.0f (%3lld)", gbps[v][s], (long long)splits[v][s]);
+        score = std::min(score, gbps[v][s] / bench[s].target_gbps);
+      }
+      const bool ok = kernel_ok[int(variants[v].kernel)];
+      printf("  %.3f%s\n", score, ok ? "" : " (checks failed)");
+      if (ok && score > best_score) best_score = score, best = variant_name(variants[v]);
+    }
+    for (int s = 0; s < kShapes; ++s) {
+      size_t top = 0;
+      for (size_t v = 0; v < variants.size(); ++v)
+        if (kernel_ok[int(variants[v].kernel)] && gbps[v][s] > gbps[top][s]) top = v;
+      printf("fastest at %-9s: %-20s %.0f GB/s\n", bench[s].label, variant_name(variants[top]).c_str(), gbps[top][s]);
+    }
+    best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
+  }
+  printf(failures ? "%d CHECKS FAILED; best variant: %s\n" : "ALL OK; best variant: %s\n", failures, best.c_str());
   return failures ? 1 : 0;
 }
