@@ -88,14 +88,16 @@ __device__ __forceinline__ int64_t tile_offset(const PagedCache& c, int64_t b, i
 }
 
 // Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
-// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. All threads of the block take part.
+// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. Threads `thread` of `threads` take
+// part (the whole block, or one warp that owns its kv head alone).
 template <typename Element, int kStates, int kRows, int kWidth>
 __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, const BlockIndex& block, int rows,
-                                const float* state_max, const float* state_sum, const float* state_o) {
+                                const float* state_max, const float* state_sum, const float* state_o, int thread,
+                                int threads) {
   const int64_t b = block.b, hk = block.hk;
   const int row0 = block.row0, split = block.split, splits = block.splits;
   const int64_t d = p.cache.head_dim;
-  for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
+  for (int index = thread; index < rows * kWidth; index += threads) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
     float max_all = -INFINITY;

@@ -30,9 +30,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect(uint32_t barrier, uint32_
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
 }
 
+// Waits for the phase of the given parity to complete. Bytes announced but never copied would hang the GPU for good;
+// after about a second of polling the kernel traps instead, which the launch reports as an error.
 __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
   uint32_t done = 0;
-  while (!done)
+  for (uint32_t polls = 0; !done; ++polls) {
+    if (polls == (1u << 26)) __trap();
     asm volatile(
         "{\n"
         ".reg .pred complete;\n"
@@ -42,6 +45,7 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
         : "=r"(done)
         : "r"(barrier), "r"(parity)
         : "memory");
+  }
 }
 
 // Orders this thread's earlier generic-proxy accesses to shared memory (reads of a stage) before later async-proxy

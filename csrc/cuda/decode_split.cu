@@ -43,7 +43,8 @@ cudaError_t sm_count(int* count) {
 }
 
 // A split kernel instance with what planning and launching need to know about it.
-template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel>
+template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel,
+          int kHeadsPerBlock = 1>
 struct Instance {
   using Element = ElementT;
   static constexpr int kRows = kRowsPerPass;
@@ -71,9 +72,14 @@ struct Instance {
 
   static int64_t passes(const DecodeParams& p) { return (p.q_len * p.group() + kRows - 1) / kRows; }
 
+  // Blocks per (split, sequence): one per pass of each group of kHeadsPerBlock kv heads.
+  static int64_t head_passes(const DecodeParams& p) {
+    return (p.cache.heads_kv + kHeadsPerBlock - 1) / kHeadsPerBlock * passes(p);
+  }
+
   static void launch(const DecodeParams& p, int64_t splits, bool heads_fastest, Partials parts, cudaStream_t stream) {
     const unsigned split_dim = static_cast<unsigned>(splits);
-    const unsigned head_dim = static_cast<unsigned>(p.cache.heads_kv * passes(p));
+    const unsigned head_dim = static_cast<unsigned>(head_passes(p));
     const dim3 grid(heads_fastest ? head_dim : split_dim, heads_fastest ? split_dim : head_dim,
                     static_cast<unsigned>(p.batch));
     Kernel::function<<<grid, kThreads, kShared, stream>>>(p, static_cast<int>(passes(p)), heads_fastest, parts);
@@ -90,14 +96,16 @@ using Mma = Instance<Element, kMmaRows, kWarps * 32,
                      MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>::kSharedBytes,
                      MmaFunction<Element, kChunksK, kChunksV, kWarps, kStages>>;
 
-template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk>
+template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead>
 struct RowsFunction {
-  static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages, kBulk>;
+  static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages, kBulk, kWarpPerHead>;
 };
 
-template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk>
-using Rows = Instance<Element, kMmaRows, kWarps * 32, RowsKernel<Element, kWidth, kWarps, kStages>::kSharedBytes,
-                      RowsFunction<Element, kWidth, kWarps, kStages, kBulk>>;
+template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead = false>
+using Rows = Instance<Element, kMmaRows, kWarps * 32,
+                      RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kSharedBytes,
+                      RowsFunction<Element, kWidth, kWarps, kStages, kBulk, kWarpPerHead>,
+                      RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kHeadsPerBlock>;
 
 template <int kLanes, int kChunks, int kRows>
 struct SimtFunction {
@@ -109,7 +117,8 @@ using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunk
 
 // Calls visit(Instance{}) with the instance for p's dtype and head_dim. The lanes kernel's default shapes keep about
 // 64 KiB of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89); the other
-// shapes at head dims 65..128 are the harness's sweep (kBulk6 needs an sm_90 SM's shared memory).
+// shapes at head dims 65..128 are the harness's sweep (kBulk6 and the 8-warp kHeads8 shapes need an sm_90 SM's
+// shared memory).
 template <typename Element, typename Visitor>
 cudaError_t visit_mma(int64_t d, DecodeKernel kernel, Visitor&& visit) {
   if (d <= 64) return visit(Mma<Element, 2, 1, 4, 4>{});
@@ -122,6 +131,9 @@ cudaError_t visit_mma(int64_t d, DecodeKernel kernel, Visitor&& visit) {
       case DecodeKernel::kBulk2: return visit(Rows<Element, 128, 4, 2, true>{});
       case DecodeKernel::kBulk3: return visit(Rows<Element, 128, 4, 3, true>{});
       case DecodeKernel::kBulk6: return visit(Rows<Element, 128, 4, 6, true>{});
+      case DecodeKernel::kHeads4Bulk2: return visit(Rows<Element, 128, 4, 2, true, true>{});
+      case DecodeKernel::kHeads8Bulk2: return visit(Rows<Element, 128, 8, 2, true, true>{});
+      case DecodeKernel::kHeads8Rows2: return visit(Rows<Element, 128, 8, 2, false, true>{});
       case DecodeKernel::kCount: break;
     }
     return cudaErrorInvalidValue;
@@ -187,7 +199,7 @@ cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning,
     int sms = 0, per_sm = 0;
     if (cudaError_t status = sm_count(&sms); status != cudaSuccess) return status;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
-    const int64_t items = std::max<int64_t>(p.batch * p.cache.heads_kv * Kernel::passes(p), 1);
+    const int64_t items = std::max<int64_t>(p.batch * Kernel::head_passes(p), 1);
     const int64_t useful = (p.cache.capacity() + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
     const int64_t slots = int64_t{sms} * per_sm * tuning.waves;
     plan->splits = choose_splits(items, slots, std::clamp<int64_t>(useful, 1, kMaxSplits));
@@ -213,7 +225,7 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
   if (workspace != nullptr) parts.lse = parts.o + plan.splits * rows_out * p.cache.head_dim;
   return visit_instance(p, plan.tuning.kernel, [&](auto instance) {
     using Kernel = decltype(instance);
-    if (p.cache.heads_kv * Kernel::passes(p) > 65535) return cudaErrorInvalidValue;  // grid y
+    if (Kernel::head_passes(p) > 65535) return cudaErrorInvalidValue;  // grid y
     int per_sm = 0;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
     Kernel::launch(p, plan.splits, plan.tuning.heads_fastest, parts, stream);

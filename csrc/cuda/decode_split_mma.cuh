@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       }
   __syncthreads();
   merge_and_store<Element, kWarps, kMmaRows, Shape::kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0],
-                                                            merge_o);
+                                                            merge_o, threadIdx.x, blockDim.x);
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

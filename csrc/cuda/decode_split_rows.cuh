@@ -8,8 +8,11 @@
 //   in the lanes kernel (decode_split_mma.cuh), and the online softmax is the same (decode_softmax.cuh).
 // * Rows are padded by 16 bytes, so the 8 rows of an ldmatrix fall in distinct banks (no swizzle, which a row copy
 //   could not apply). K is read as the "col" B operand of Q K^T directly, V transposed (ldmatrix.trans) for P V.
-// * Each warp runs its own kStages-deep pipeline of 16-key tiles (tiles warp, warp + kWarps, ...), with no block
-//   barrier until the warps' states are merged.
+// * Each warp runs its own kStages-deep pipeline of 16-key tiles, with no block barrier until the end. Either the
+//   warps share one kv head (tiles warp, warp + kWarps, ... of the split; their states are merged at the end), or
+//   with kWarpPerHead each warp owns one of kWarps consecutive kv heads and walks all the split's tiles: the warps
+//   then read the same keys of neighbouring heads (contiguous in the cache) at about the same time, which keeps
+//   DRAM pages open, and each warp writes its own result.
 // * Keys past the split's end are masked; their V rows are zero (cp.async zero-fills them, the bulk path stores
 //   zeros) so that a probability of 0 never meets stale bytes. Head-dim columns past head_dim are zero too.
 #pragma once
@@ -24,22 +27,25 @@
 
 namespace jax_flash::cuda_kernels::decode {
 
-template <typename Element, int kWidth, int kWarps, int kStages>
+template <typename Element, int kWidth, int kWarps, int kStages, bool kWarpPerHead>
 struct RowsKernel {
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kHeadsPerBlock = kWarpPerHead ? kWarps : 1;
   static constexpr int kRowStride = kWidth + 8;  // elements: the 16-byte pad staggers rows across banks
   static constexpr int kSteps = kWidth / 16;     // k-steps of Q K^T, and pairs of output n-tiles of P V
   static constexpr int kTileElements = 2 * kTileKeys * kRowStride;  // K rows, then V rows
-  static constexpr size_t kQueryBytes = size_t{16} * kSteps * 32;
+  static constexpr size_t kQueryBytes = size_t{16} * kSteps * 32 * kHeadsPerBlock;  // per head
   static constexpr size_t kPipeBytes = sizeof(Element) * kTileElements * kWarps * kStages;
+  // Warps' outputs over the drained pipeline: all at its start, or each over its own stages.
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * 16 * kWidth;
+  static_assert(sizeof(float) * 16 * kWidth <= sizeof(Element) * kTileElements * kStages, "a warp's output fits its stages");
   static constexpr size_t kSharedBytes = kQueryBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   // Blocks that fit an sm_90 SM's 227 KiB (1 KiB reserved per block), for the register bound of __launch_bounds__.
   static constexpr int kMinBlocks = (227 * 1024) / (kSharedBytes + 2048) < 1 ? 1 : (227 * 1024) / (kSharedBytes + 2048);
 };
 
-template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk>
-__global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWarps, kStages>::kMinBlocks))
+template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead>
+__global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kMinBlocks))
     decode_rows_kernel(DecodeParams p, int passes, bool heads_fastest, Partials parts) {
   using tensor_core::cp_async_16;
   using tensor_core::cp_async_commit;
@@ -48,41 +54,48 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   using tensor_core::ldmatrix_x4_trans;
   using tensor_core::mma_16816;
   using tensor_core::shared_address;
-  using Shape = RowsKernel<Element, kWidth, kWarps, kStages>;
+  using Shape = RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>;
   constexpr int kStride = Shape::kRowStride, kTileRows = kTileKeys;
   constexpr bool kUseBulk = kBulk && JAX_FLASH_DECODE_BULK;
   extern __shared__ uint4 shared[];
-  uint4* query_frags = shared;                                               // [kSteps][32]: A operands of Q
-  Element* pipe = reinterpret_cast<Element*>(shared + Shape::kSteps * 32);  // [kWarps][kStages][2][16][kStride]
-  float* merge_o = reinterpret_cast<float*>(pipe);                          // [kWarps][16][kWidth], once drained
+  uint4* query_frags = shared;  // [kHeadsPerBlock][kSteps][32]: A operands of Q
+  Element* pipe = reinterpret_cast<Element*>(shared + Shape::kQueryBytes / 16);  // [kWarps][kStages][2][16][kStride]
+  float* merge_o = reinterpret_cast<float*>(pipe);  // [kWarps][16][kWidth], once drained (warps sharing a head)
   __shared__ float warp_max[kWarps][16], warp_sum[kWarps][16];
 #if JAX_FLASH_DECODE_BULK
   __shared__ uint64_t tile_ready[kWarps][kStages];  // bulk path: each stage's copies complete here
 #endif
 
-  const BlockIndex block = block_index(passes, kMmaRows, heads_fastest);
-  const int64_t hk = block.hk, b = block.b;
+  const BlockIndex block = block_index(passes, kMmaRows, heads_fastest);  // block.hk: the block's group of heads
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const int64_t hk = kWarpPerHead ? block.hk * kWarps + warp : block.hk, b = block.b;
+  const bool has_head = hk < p.cache.heads_kv;  // the last group of heads may have fewer heads than warps
   const int row0 = block.row0;
   const int rows = min(kMmaRows, static_cast<int>(p.q_len * p.group()) - row0);
   const int d = static_cast<int>(p.cache.head_dim);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const BlockKeys keys = block_keys(p, b, row0, rows, block.split, block.splits);
 
-  // Q as A operands, k-step s: {row g, row g + 8} x {columns 16s + 2t, +1}, then the same at 16s + 8 + 2t.
-  for (int index = threadIdx.x; index < Shape::kSteps * 32; index += Shape::kThreads) {
+  // Q as A operands, k-step s: {row g, row g + 8} x {columns 16s + 2t, +1}, then the same at 16s + 8 + 2t. Each warp
+  // loads its own head's, or all threads the block's one head's.
+  uint4* head_query = query_frags + (kWarpPerHead ? warp * Shape::kSteps * 32 : 0);
+  const int q_thread = kWarpPerHead ? lane : threadIdx.x, q_threads = kWarpPerHead ? 32 : Shape::kThreads;
+  for (int index = q_thread; has_head && index < Shape::kSteps * 32; index += q_threads) {
     const int s = index / 32, r = index % 32 / 4, col = 16 * s + 2 * (index % 4);
     const Element* q = static_cast<const Element*>(p.q);
     auto pair = [&](int row, int c) -> uint32_t {
       return row < rows && c < d ? *reinterpret_cast<const uint32_t*>(q + out_row(p, b, hk, row0 + row) * d + c) : 0u;
     };
-    query_frags[index] = make_uint4(pair(r, col), pair(r + 8, col), pair(r, col + 8), pair(r + 8, col + 8));
+    head_query[index] = make_uint4(pair(r, col), pair(r + 8, col), pair(r, col + 8), pair(r + 8, col + 8));
   }
   if constexpr (kUseBulk) {
 #if JAX_FLASH_DECODE_BULK
     // Row copies never write the pad or the columns past head_dim: zero the pipeline once, as K operands must be.
-    if (d < kWidth)
+    // The fence orders these generic writes before the bulk copies that later overwrite the first head_dim columns.
+    if (d < kWidth) {
       for (int i = threadIdx.x; i < static_cast<int>(Shape::kPipeBytes / 16); i += Shape::kThreads)
         reinterpret_cast<uint4*>(pipe)[i] = make_uint4(0, 0, 0, 0);
+      fence_proxy_async();
+    }
     if (lane == 0) {
       for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&tile_ready[warp][s]), 1);
       mbarrier_init_fence();
@@ -96,8 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   const int64_t key_stride = p.cache.heads_kv * p.cache.head_dim;
   Element* warp_pipe = pipe + warp * kStages * Shape::kTileElements;
   const int tiles = (max(keys.key_end - keys.key_begin, 0) + kTileRows - 1) / kTileRows;
-  const int warp_tiles = tiles > warp ? (tiles - warp - 1) / kWarps + 1 : 0;
-  auto tile_start = [&](int i) { return keys.key_begin + (warp + i * kWarps) * kTileRows; };
+  const int warp_tiles = kWarpPerHead ? (has_head ? tiles : 0) : tiles > warp ? (tiles - warp - 1) / kWarps + 1 : 0;
+  auto tile_start = [&](int i) { return keys.key_begin + (kWarpPerHead ? i : warp + i * kWarps) * kTileRows; };
 
   // Tile i goes to stage i % kStages: rows 0-15 K of keys j0.., rows 16-31 V.
   auto issue = [&](int i) {
@@ -186,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
     for (int step = 0; step < Shape::kSteps; ++step) {
       uint32_t k[4];
       ldmatrix_x4(k, tile_address + k_lane + step * 32);
-      const uint4 a = query_frags[step * 32 + lane];
+      const uint4 a = head_query[step * 32 + lane];
       mma_16816<Element>(s[0], a, k[0], k[1]);
       mma_16816<Element>(s[1], a, k[2], k[3]);
     }
@@ -209,21 +222,39 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   }
   if constexpr (!kUseBulk) cp_async_wait<0>();
 
-  // The warps' states go to shared memory (over the drained pipeline) and are merged.
   softmax.reduce_sums();
-  __syncthreads();
-  softmax.store(&warp_max[0][0], &warp_sum[0][0], warp, g);
-  float* warp_o = merge_o + warp * 16 * kWidth;
   const int t = lane % 4;
+  // This warp's output rows as merge_and_store reads them: [16][kWidth] floats.
+  auto store_output = [&](float* warp_o) {
 #pragma unroll
-  for (int n = 0; n < kWidth / 8; ++n)
+    for (int n = 0; n < kWidth / 8; ++n)
 #pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      warp_o[g * kWidth + 8 * n + 2 * t + x] = o[n][x];
-      warp_o[(g + 8) * kWidth + 8 * n + 2 * t + x] = o[n][2 + x];
-    }
-  __syncthreads();
-  merge_and_store<Element, kWarps, kMmaRows, kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0], merge_o);
+      for (int x = 0; x < 2; ++x) {
+        warp_o[g * kWidth + 8 * n + 2 * t + x] = o[n][x];
+        warp_o[(g + 8) * kWidth + 8 * n + 2 * t + x] = o[n][2 + x];
+      }
+  };
+  if constexpr (kWarpPerHead) {
+    // The warp's state is its head's whole split: it writes the result alone, staged over its own drained stages.
+    if (!has_head) return;
+    __syncwarp();
+    softmax.store(&warp_max[0][0], &warp_sum[0][0], warp, g);
+    float* warp_o = reinterpret_cast<float*>(warp_pipe);
+    store_output(warp_o);
+    __syncwarp();
+    BlockIndex head_block = block;
+    head_block.hk = hk;
+    merge_and_store<Element, 1, kMmaRows, kWidth>(p, parts, head_block, rows, &warp_max[warp][0], &warp_sum[warp][0],
+                                                  warp_o, lane, 32);
+  } else {
+    // The warps' states go to shared memory (over the drained pipeline) and are merged.
+    __syncthreads();
+    softmax.store(&warp_max[0][0], &warp_sum[0][0], warp, g);
+    store_output(merge_o + warp * 16 * kWidth);
+    __syncthreads();
+    merge_and_store<Element, kWarps, kMmaRows, kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0], merge_o,
+                                                       threadIdx.x, blockDim.x);
+  }
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

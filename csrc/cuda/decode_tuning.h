@@ -8,8 +8,12 @@ namespace jax_flash {
 // The fp16/bf16 kernel shape for head dims 65..128 (other head dims and float32 always take their one shape).
 // "Lanes" kernels stage lane-private 16-byte chunks that each lane reads back as its own mma operands; "rows"
 // kernels stage whole key rows (padded, bank-conflict free) and read operands with ldmatrix, loaded by cp.async or,
-// on sm_90, by one 1-D bulk copy per key row. The number is the per-warp pipeline depth in 16-key tiles.
-enum class DecodeKernel : int { kLanes2, kLanes3, kRows2, kRows3, kBulk2, kBulk3, kBulk6, kCount };
+// on sm_90, by one 1-D bulk copy per key row. "HeadsN" kernels are row kernels whose N warps each own one of N
+// neighbouring kv heads over the same keys (instead of sharing one head). The last number is the per-warp pipeline
+// depth in 16-key tiles.
+enum class DecodeKernel : int {
+  kLanes2, kLanes3, kRows2, kRows3, kBulk2, kBulk3, kBulk6, kHeads4Bulk2, kHeads8Bulk2, kHeads8Rows2, kCount
+};
 
 struct DecodeTuning {
   DecodeKernel kernel;
@@ -24,7 +28,8 @@ struct DecodeTuning {
 constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
-  constexpr const char* kNames[] = {"lanes2", "lanes3", "rows2", "rows3", "bulk2", "bulk3", "bulk6"};
+  constexpr const char* kNames[] = {"lanes2", "lanes3",      "rows2",       "rows3",      "bulk2",
+                                    "bulk3",  "bulk6", "heads4bulk2", "heads8bulk2", "heads8rows2"};
   return kNames[static_cast<int>(kernel)];
 }
 
