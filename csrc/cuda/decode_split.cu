@@ -23,7 +23,6 @@ namespace cuda_kernels::decode {
 namespace {
 
 constexpr int64_t kMinKeysPerSplit = 256;  // below this the pipeline fill and the combine outweigh the parallelism
-constexpr int64_t kMaxSplits = 128;
 // Fewer splits are preferred while their wave efficiency is within this factor of the best split count's.
 constexpr double kWaveTolerance = 0.95;
 constexpr int kMaxDevices = 64;
