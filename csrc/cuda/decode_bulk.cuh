@@ -31,11 +31,11 @@ __device__ __forceinline__ void mbarrier_arrive_expect(uint32_t barrier, uint32_
 }
 
 // Waits for the phase of the given parity to complete. Bytes announced but never copied would hang the GPU for good;
-// after about a second of polling the kernel traps instead, which the launch reports as an error.
+// after 4M polls (far longer than any real wait) the kernel traps instead, which the launch reports as an error.
 __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
   uint32_t done = 0;
   for (uint32_t polls = 0; !done; ++polls) {
-    if (polls == (1u << 26)) __trap();
+    if (polls == (1u << 22)) __trap();
     asm volatile(
         "{\n"
         ".reg .pred complete;\n"

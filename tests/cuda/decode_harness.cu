@@ -1,12 +1,13 @@
 // Standalone GPU check and sweep of the decode kernels (no JAX), in one run:
 // 1. correctness of out and lse against a double-precision host reference (fp16, bf16 and float32; contiguous and
 //    paged caches; ragged lengths with NaN poison past each length, so any read past a sequence's end shows;
-//    GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 32 to 256; one split and many), with the production plan,
-//    then the fp16/bf16 cases at head dims 65..128 again with every other kernel shape of the sweep (DecodeTuning);
+//    GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 32 to 256; one split and many), with the production plan;
 // 2. the device-copy bandwidth (cudaMemcpyAsync device to device of 1 GiB), against which the targets are set;
-// 3. GB/s of K+V read for the issue-6 benchmark cases with every kernel shape x grid order x wave count, one row per
-//    variant, a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that
-//    for the paged cache) and, last, the best variant among those whose checks passed.
+// 3. for every kernel shape of DecodeTuning (bulk-copy kernels last): the fp16/bf16 cases at head dims 65..128 again,
+//    then GB/s of K+V read on the issue-6 benchmark cases for each grid order x wave count, one row per variant with
+//    a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that for the
+//    paged cache; every timed output is checked too); then the fastest variant per case and, on the last line, the
+//    best-scoring variant among the correct ones: what kDefaultDecodeTuning should be.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
@@ -200,9 +201,6 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if a kernel takes the process down
   bool check_only = false, bulk = true;
   for (int i = 1; i < argc; ++i) check_only |= !std::strcmp(argv[i], "--check-only"), bulk &= !!std::strcmp(argv[i], "--no-bulk");
-  auto swept = [&](DecodeKernel k) {
-    return bulk || std::strstr(decode_kernel_name(k), "bulk") == nullptr;
-  };
   std::mt19937 gen(0);
   const DType bf16 = DType::kBFloat16, f16 = DType::kFloat16, f32 = DType::kFloat32;
   const Case checks[] = {
@@ -223,40 +221,48 @@ int main(int argc, char** argv) {
   int failures = 0;
   for (const Case& c : checks) failures += !check_case(c, kDefaultDecodeTuning, true, gen);
 
-  // Every other kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with the other grid order and
-  // two waves, so that the sweep's orders and split counts are checked too.
-  std::vector<bool> kernel_ok(int(DecodeKernel::kCount), true);
-  for (int k = 0; k < int(DecodeKernel::kCount); ++k) {
-    const DecodeTuning tuning{DecodeKernel(k), true, 2};
-    if (!swept(tuning.kernel)) continue;
-    printf("checks %-6s (kv heads fastest, 2 waves): ", decode_kernel_name(tuning.kernel));
-    fflush(stdout);  // names the kernel should it fail a CUDA call
-    int run = 0, passed = 0;
-    for (const Case& c : checks) {
-      if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
-      ++run, passed += check_case(c, tuning, false, gen);
-    }
-    kernel_ok[k] = passed == run;
-    failures += run - passed;
-    printf("%d/%d ok\n", passed, run);
-  }
-
+  if (!check_only) copy_bandwidth();
+  struct Bench { Case c; const char* label; double target_gbps; };
+  const Bench bench[] = {{{bf16, 8, 4096, 1, 32, 8, 128, 0, -1, 0}, "8x4k", 2900},
+                         {{bf16, 8, 32768, 1, 32, 8, 128, 0, -1, 0}, "8x32k", 3850},
+                         {{bf16, 1, 131072, 1, 32, 8, 128, 0, -1, 0}, "1x131k", 3850},
+                         {{bf16, 64, 8192, 1, 32, 8, 128, 0, -1, 0}, "64x8k", 3850},
+                         {{bf16, 128, 2048, 1, 32, 8, 128, 0, -1, 0}, "128x2k", 3850},
+                         {{bf16, 8, 32768, 1, 32, 8, 128, 16, -1, 0}, "8x32k/p16", 0.95 * 3850}};
+  constexpr int kShapes = sizeof(bench) / sizeof(bench[0]);
+  double best_score = 0;
   std::string best = "none";
-  if (!check_only) {
-    copy_bandwidth();
-    struct Bench { Case c; const char* label; double target_gbps; };
-    const Bench bench[] = {{{bf16, 8, 4096, 1, 32, 8, 128, 0, -1, 0}, "8x4k", 2900},
-                           {{bf16, 8, 32768, 1, 32, 8, 128, 0, -1, 0}, "8x32k", 3850},
-                           {{bf16, 1, 131072, 1, 32, 8, 128, 0, -1, 0}, "1x131k", 3850},
-                           {{bf16, 64, 8192, 1, 32, 8, 128, 0, -1, 0}, "64x8k", 3850},
-                           {{bf16, 128, 2048, 1, 32, 8, 128, 0, -1, 0}, "128x2k", 3850},
-                           {{bf16, 8, 32768, 1, 32, 8, 128, 16, -1, 0}, "8x32k/p16", 0.95 * 3850}};
-    constexpr int kShapes = sizeof(bench) / sizeof(bench[0]);
-    std::vector<DecodeTuning> variants;
+  std::vector<std::pair<double, std::string>> fastest(kShapes, {0.0, "none"});
+  // The bulk-copy kernels go last, so that should one of them take the process down the rest is already printed.
+  for (bool bulk_phase : {false, true}) {
+    if (bulk_phase && !bulk) continue;
+    std::vector<DecodeKernel> kernels;
     for (int k = 0; k < int(DecodeKernel::kCount); ++k)
-      if (swept(DecodeKernel(k)))
-        for (bool heads_fastest : {false, true})
-          for (int waves : {1, 2}) variants.push_back({DecodeKernel(k), heads_fastest, waves});
+      if ((std::strstr(decode_kernel_name(DecodeKernel(k)), "bulk") != nullptr) == bulk_phase)
+        kernels.push_back(DecodeKernel(k));
+
+    // Every kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with kv heads fastest and two waves,
+    // so that the sweep's other grid order and split counts are checked too.
+    std::vector<bool> kernel_ok(int(DecodeKernel::kCount), true);
+    for (DecodeKernel k : kernels) {
+      const DecodeTuning tuning{k, true, 2};
+      printf("checks %-11s (kv heads fastest, 2 waves): ", decode_kernel_name(k));
+      fflush(stdout);  // names the kernel should it fail a CUDA call
+      int run = 0, passed = 0;
+      for (const Case& c : checks) {
+        if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
+        ++run, passed += check_case(c, tuning, false, gen);
+      }
+      kernel_ok[int(k)] = passed == run;
+      failures += run - passed;
+      printf("%d/%d ok\n", passed, run);
+    }
+    if (check_only) continue;
+
+    std::vector<DecodeTuning> variants;
+    for (DecodeKernel k : kernels)
+      for (bool heads_fastest : {false, true})
+        for (int waves : {1, 2}) variants.push_back({k, heads_fastest, waves});
     std::vector<std::vector<double>> gbps(variants.size(), std::vector<double>(kShapes));
     std::vector<std::vector<int64_t>> splits(variants.size(), std::vector<int64_t>(kShapes));
     std::vector<bool> right(variants.size(), true);  // every timed output was the expected value
@@ -275,31 +281,31 @@ int main(int argc, char** argv) {
         if (!ok) right[v] = false, ++failures;
       }
     }
-    printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
-    printf("%-20s", "variant");
-    for (const Bench& b : bench) printf(" %14s", b.label);
-    printf("  score\n%-20s", "cudnn (docs, jax.nn)");
-    for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
-    printf("\n");
-    double best_score = 0;
+    if (!bulk_phase) {
+      printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
+      printf("%-22s", "variant");
+      for (const Bench& b : bench) printf(" %14s", b.label);
+      printf("  score\n%-22s", "cudnn (docs, jax.nn)");
+      for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
+      printf("\n");
+    }
     for (size_t v = 0; v < variants.size(); ++v) {
+      const std::string name = variant_name(variants[v]);
+      const bool ok = kernel_ok[int(variants[v].kernel)] && right[v];
       double score = INFINITY;
-      printf("%-20s", variant_name(variants[v]).c_str());
+      printf("%-22s", name.c_str());
       for (int s = 0; s < kShapes; ++s) {
         printf(" %8.0f (%3lld)", gbps[v][s], (long long)splits[v][s]);
         score = std::min(score, gbps[v][s] / bench[s].target_gbps);
+        if (ok && gbps[v][s] > fastest[s].first) fastest[s] = {gbps[v][s], name};
       }
-      const bool ok = kernel_ok[int(variants[v].kernel)] && right[v];
       printf("  %.3f%s\n", score, !kernel_ok[int(variants[v].kernel)] ? " (checks failed)" : right[v] ? "" : " (WRONG)");
-      if (ok && score > best_score) best_score = score, best = variant_name(variants[v]);
+      if (ok && score > best_score) best_score = score, best = name;
     }
-    for (int s = 0; s < kShapes; ++s) {
-      int top = -1;
-      for (size_t v = 0; v < variants.size(); ++v)
-        if (kernel_ok[int(variants[v].kernel)] && right[v] && (top < 0 || gbps[v][s] > gbps[top][s])) top = int(v);
-      if (top >= 0)
-        printf("fastest at %-9s: %-20s %.0f GB/s\n", bench[s].label, variant_name(variants[top]).c_str(), gbps[top][s]);
-    }
+  }
+  if (!check_only) {
+    for (int s = 0; s < kShapes; ++s)
+      printf("fastest at %-9s: %-22s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
   }
   printf(failures ? "%d CHECKS FAILED; best variant: %s\n" : "ALL OK; best variant: %s\n", failures, best.c_str());
