@@ -25,16 +25,25 @@ struct Partials {
   float* lse;  // [splits, rows_out], base-2
 };
 
-// What one block owns, from its grid position. The grid is (splits, kv heads x passes, batch), or with
-// heads_fastest (kv heads x passes, splits, batch), so that the blocks reading the same keys of all kv heads are
-// launched next to each other.
+// How a launch lays out its blocks, and what the launch tells every block. The grid is (splits, kv heads x passes,
+// batch), or with heads_fastest (kv heads x passes, splits, batch), so that the blocks reading the same keys of all
+// kv heads are launched next to each other.
+struct LaunchShape {
+  int passes;          // passes of packed rows per kv head (group)
+  bool heads_fastest;
+  int prefetch_tiles;  // bulk-copy kernels: tiles prefetched into L2 ahead of the pipeline (0: none)
+};
+
+// What one block owns, from its grid position.
 struct BlockIndex {
   int64_t b, hk;
   int row0;  // first packed row of this pass
   int split, splits;
 };
 
-__device__ __forceinline__ BlockIndex block_index(int passes, int rows_per_pass, bool heads_fastest) {
+__device__ __forceinline__ BlockIndex block_index(const LaunchShape& shape, int rows_per_pass) {
+  const bool heads_fastest = shape.heads_fastest;
+  const int passes = shape.passes;
   const int head_pass = heads_fastest ? blockIdx.x : blockIdx.y;
   BlockIndex index;
   index.b = blockIdx.z;

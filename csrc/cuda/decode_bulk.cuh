@@ -59,6 +59,11 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// Starts fetching `bytes` (a multiple of 16, 16-byte aligned) into L2 without a destination or completion.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 #endif
 
 }  // namespace jax_flash::cuda_kernels::decode

@@ -76,12 +76,14 @@ struct Instance {
     return (p.cache.heads_kv + kHeadsPerBlock - 1) / kHeadsPerBlock * passes(p);
   }
 
-  static void launch(const DecodeParams& p, int64_t splits, bool heads_fastest, Partials parts, cudaStream_t stream) {
+  static void launch(const DecodeParams& p, int64_t splits, const DecodeTuning& tuning, Partials parts,
+                     cudaStream_t stream) {
+    const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest, tuning.prefetch_tiles};
     const unsigned split_dim = static_cast<unsigned>(splits);
     const unsigned head_dim = static_cast<unsigned>(head_passes(p));
-    const dim3 grid(heads_fastest ? head_dim : split_dim, heads_fastest ? split_dim : head_dim,
+    const dim3 grid(shape.heads_fastest ? head_dim : split_dim, shape.heads_fastest ? split_dim : head_dim,
                     static_cast<unsigned>(p.batch));
-    Kernel::function<<<grid, kThreads, kShared, stream>>>(p, static_cast<int>(passes(p)), heads_fastest, parts);
+    Kernel::function<<<grid, kThreads, kShared, stream>>>(p, shape, parts);
   }
 };
 
@@ -191,7 +193,7 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
 }
 
 cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, DecodePlan* plan) {
-  if (tuning.waves < 1) return cudaErrorInvalidValue;
+  if (tuning.waves < 1 || tuning.prefetch_tiles < 0) return cudaErrorInvalidValue;
   plan->tuning = tuning;
   return visit_instance(p, tuning.kernel, [&](auto instance) {
     using Kernel = decltype(instance);
@@ -227,7 +229,7 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
     if (Kernel::head_passes(p) > 65535) return cudaErrorInvalidValue;  // grid y
     int per_sm = 0;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
-    Kernel::launch(p, plan.splits, plan.tuning.heads_fastest, parts, stream);
+    Kernel::launch(p, plan.splits, plan.tuning, parts, stream);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess || plan.splits == 1) return status;
     decode_combine_kernel<typename Kernel::Element>
         <<<static_cast<unsigned>(rows_out), kCombineThreads, 0, stream>>>(p, static_cast<int>(plan.splits), parts);

@@ -48,7 +48,7 @@ struct MmaKernel {
 };
 
 template <typename Element, int kChunksK, int kChunksV, int kWarps, int kStages>
-__global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams p, int passes, bool heads_fastest,
+__global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams p, LaunchShape shape,
                                                                            Partials parts) {
   using Shape = MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>;
   constexpr int kSlots = Shape::kSlots;
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
   float* merge_o = reinterpret_cast<float*>(pipe);      // [kWarps][16][kWidth], once the pipeline is drained
   __shared__ float warp_max[kWarps][kMmaRows], warp_sum[kWarps][kMmaRows];
 
-  const BlockIndex block = block_index(passes, kMmaRows, heads_fastest);
+  const BlockIndex block = block_index(shape, kMmaRows);
   const int64_t hk = block.hk, b = block.b;
   const int row0 = block.row0;
   const int rows = min(kMmaRows, static_cast<int>(p.q_len * p.group()) - row0);

@@ -13,6 +13,8 @@
 //   with kWarpPerHead each warp owns one of kWarps consecutive kv heads and walks all the split's tiles: the warps
 //   then read the same keys of neighbouring heads (contiguous in the cache) at about the same time, which keeps
 //   DRAM pages open, and each warp writes its own result.
+// * The bulk path may also prefetch the rows of tiles beyond its stages into L2 (LaunchShape::prefetch_tiles), which
+//   puts more bytes in flight than shared memory holds.
 // * Keys past the split's end are masked; their V rows are zero (cp.async zero-fills them, the bulk path stores
 //   zeros) so that a probability of 0 never meets stale bytes. Head-dim columns past head_dim are zero too.
 #pragma once
@@ -46,7 +48,7 @@ struct RowsKernel {
 
 template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead>
 __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kMinBlocks))
-    decode_rows_kernel(DecodeParams p, int passes, bool heads_fastest, Partials parts) {
+    decode_rows_kernel(DecodeParams p, LaunchShape shape, Partials parts) {
   using tensor_core::cp_async_16;
   using tensor_core::cp_async_commit;
   using tensor_core::cp_async_wait;
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   __shared__ uint64_t tile_ready[kWarps][kStages];  // bulk path: each stage's copies complete here
 #endif
 
-  const BlockIndex block = block_index(passes, kMmaRows, heads_fastest);  // block.hk: the block's group of heads
+  const BlockIndex block = block_index(shape, kMmaRows);  // block.hk: the block's group of heads
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t hk = kWarpPerHead ? block.hk * kWarps + warp : block.hk, b = block.b;
   const bool has_head = hk < p.cache.heads_kv;  // the last group of heads may have fewer heads than warps
@@ -162,6 +164,17 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
       __syncwarp();
     }
   };
+  // Bulk path: tile i's rows into L2 only (no stage, nothing to wait for), so that more bytes are in flight than the
+  // stages hold; the tile's bulk copies later find them there.
+  const int prefetch_tiles = kUseBulk ? shape.prefetch_tiles : 0;
+  auto prefetch = [&](int i) {
+#if JAX_FLASH_DECODE_BULK
+    const int j0 = tile_start(i), key = lane % kTileRows;
+    if (key < min(kTileRows, keys.key_end - j0))
+      bulk_prefetch_l2((lane < kTileRows ? k_cache : v_cache) + tile_offset(p.cache, b, j0, hk) + key * key_stride,
+                       static_cast<uint32_t>(d * sizeof(Element)));
+#endif
+  };
 
   // ldmatrix lanes: lane l addresses row l % 8 of matrix l / 8. K: matrices (keys 0-7, 8-15) x (columns +0, +8) in
   // the order b0, b1 of n-tile 0, then of n-tile 1. V transposed: (keys 0-7, 8-15) x (columns +0, +8) in the order
@@ -186,10 +199,12 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
     if (s < warp_tiles) issue(s);
     else if constexpr (!kUseBulk) cp_async_commit();  // one group per tile keeps wait_for's count right
   }
+  for (int i = kStages - 1; i < min(kStages - 1 + prefetch_tiles, warp_tiles); ++i) prefetch(i);
   for (int i = 0; i < warp_tiles; ++i) {
     __syncwarp();  // every lane has read tile i - 1, whose stage is refilled now
     if (i + kStages - 1 < warp_tiles) issue(i + kStages - 1);
     else if constexpr (!kUseBulk) cp_async_commit();
+    if (prefetch_tiles > 0 && i + kStages - 1 + prefetch_tiles < warp_tiles) prefetch(i + kStages - 1 + prefetch_tiles);
     wait_for(i);
     const uint32_t tile_address = warp_pipe_address + (i % kStages) * Shape::kTileElements * sizeof(Element);
     const int j0 = tile_start(i);

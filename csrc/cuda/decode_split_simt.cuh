@@ -25,13 +25,13 @@ __device__ __forceinline__ int64_t key_offset(const PagedCache& c, int64_t b, in
 
 // The explicit minimum of one block per SM stops ptxas (sm_80) from capping registers at 128 and spilling.
 template <int kLanes, int kChunks, int kRows>
-__global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodeParams p, int passes, bool heads_fastest,
+__global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodeParams p, LaunchShape shape,
                                                                        Partials parts) {
   constexpr int kElems = 4;  // floats per 16-byte chunk
   constexpr int kSlots = kSimtThreads / kLanes;
   constexpr int kWidth = kLanes * kChunks * kElems;  // columns covered by a slot, >= head_dim
 
-  const BlockIndex block = block_index(passes, kRows, heads_fastest);
+  const BlockIndex block = block_index(shape, kRows);
   const int64_t hk = block.hk, b = block.b;
   const int row0 = block.row0;
   const int rows = min(kRows, static_cast<int>(p.q_len * p.group()) - row0);

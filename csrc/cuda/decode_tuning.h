@@ -23,9 +23,12 @@ struct DecodeTuning {
   // The split count fills about this many waves of the GPU's block slots (more waves: shorter blocks, a smaller
   // partial last wave, more partials to combine).
   int waves;
+  // Bulk-copy kernels only: each warp also prefetches into L2 the rows of the tiles this far beyond its pipeline, so
+  // more bytes are in flight than its shared-memory stages hold (0: no prefetch).
+  int prefetch_tiles;
 };
 
-constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1};
+constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1, 0};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
   constexpr const char* kNames[] = {"lanes2", "lanes3",      "rows2",       "rows3",      "bulk2",

@@ -194,7 +194,7 @@ static double copy_bandwidth() {
 
 static std::string variant_name(const DecodeTuning& t) {
   return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
-         std::to_string(t.waves) + "w";
+         std::to_string(t.waves) + "w" + (t.prefetch_tiles ? "/pf" + std::to_string(t.prefetch_tiles) : "");
 }
 
 int main(int argc, char** argv) {
@@ -241,11 +241,11 @@ int main(int argc, char** argv) {
       if ((std::strstr(decode_kernel_name(DecodeKernel(k)), "bulk") != nullptr) == bulk_phase)
         kernels.push_back(DecodeKernel(k));
 
-    // Every kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with kv heads fastest and two waves,
-    // so that the sweep's other grid order and split counts are checked too.
+    // Every kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with kv heads fastest and two waves
+    // (and bulk kernels with L2 prefetch), so that the sweep's other grid order and split counts are checked too.
     std::vector<bool> kernel_ok(int(DecodeKernel::kCount), true);
     for (DecodeKernel k : kernels) {
-      const DecodeTuning tuning{k, true, 2};
+      const DecodeTuning tuning{k, true, 2, bulk_phase ? 2 : 0};
       printf("checks %-11s (kv heads fastest, 2 waves): ", decode_kernel_name(k));
       fflush(stdout);  // names the kernel should it fail a CUDA call
       int run = 0, passed = 0;
@@ -261,8 +261,10 @@ int main(int argc, char** argv) {
 
     std::vector<DecodeTuning> variants;
     for (DecodeKernel k : kernels)
-      for (bool heads_fastest : {false, true})
-        for (int waves : {1, 2}) variants.push_back({k, heads_fastest, waves});
+      for (bool heads_fastest : {false, true}) {
+        for (int waves : {1, 2}) variants.push_back({k, heads_fastest, waves, 0});
+        if (bulk_phase) variants.push_back({k, heads_fastest, 1, 2});  // L2 prefetch 2 tiles ahead
+      }
     std::vector<std::vector<double>> gbps(variants.size(), std::vector<double>(kShapes));
     std::vector<std::vector<int64_t>> splits(variants.size(), std::vector<int64_t>(kShapes));
     std::vector<bool> right(variants.size(), true);  // every timed output was the expected value
@@ -283,9 +285,9 @@ int main(int argc, char** argv) {
     }
     if (!bulk_phase) {
       printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
-      printf("%-22s", "variant");
+      printf("%-24s", "variant");
       for (const Bench& b : bench) printf(" %14s", b.label);
-      printf("  score\n%-22s", "cudnn (docs, jax.nn)");
+      printf("  score\n%-24s", "cudnn (docs, jax.nn)");
       for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
       printf("\n");
     }
@@ -293,7 +295,7 @@ int main(int argc, char** argv) {
       const std::string name = variant_name(variants[v]);
       const bool ok = kernel_ok[int(variants[v].kernel)] && right[v];
       double score = INFINITY;
-      printf("%-22s", name.c_str());
+      printf("%-24s", name.c_str());
       for (int s = 0; s < kShapes; ++s) {
         printf(" %8.0f (%3lld)", gbps[v][s], (long long)splits[v][s]);
         score = std::min(score, gbps[v][s] / bench[s].target_gbps);
@@ -305,7 +307,7 @@ int main(int argc, char** argv) {
   }
   if (!check_only) {
     for (int s = 0; s < kShapes; ++s)
-      printf("fastest at %-9s: %-22s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
+      printf("fastest at %-9s: %-24s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
   }
   printf(failures ? "%d CHECKS FAILED; best variant: %s\n" : "ALL OK; best variant: %s\n", failures, best.c_str());
