@@ -77,35 +77,6 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   const int d = static_cast<int>(p.cache.head_dim);
   const BlockKeys keys = block_keys(p, b, row0, rows, block.split, block.splits);
 
-  // Q as A operands, k-step s: {row g, row g + 8} x {columns 16s + 2t, +1}, then the same at 16s + 8 + 2t. Each warp
-  // loads its own head's, or all threads the block's one head's.
-  uint4* head_query = query_frags + (kWarpPerHead ? warp * Shape::kSteps * 32 : 0);
-  const int q_thread = kWarpPerHead ? lane : threadIdx.x, q_threads = kWarpPerHead ? 32 : Shape::kThreads;
-  for (int index = q_thread; has_head && index < Shape::kSteps * 32; index += q_threads) {
-    const int s = index / 32, r = index % 32 / 4, col = 16 * s + 2 * (index % 4);
-    const Element* q = static_cast<const Element*>(p.q);
-    auto pair = [&](int row, int c) -> uint32_t {
-      return row < rows && c < d ? *reinterpret_cast<const uint32_t*>(q + out_row(p, b, hk, row0 + row) * d + c) : 0u;
-    };
-    head_query[index] = make_uint4(pair(r, col), pair(r + 8, col), pair(r, col + 8), pair(r + 8, col + 8));
-  }
-  if constexpr (kUseBulk) {
-#if JAX_FLASH_DECODE_BULK
-    // Row copies never write the pad or the columns past head_dim: zero the pipeline once, as K operands must be.
-    // The fence orders these generic writes before the bulk copies that later overwrite the first head_dim columns.
-    if (d < kWidth) {
-      for (int i = threadIdx.x; i < static_cast<int>(Shape::kPipeBytes / 16); i += Shape::kThreads)
-        reinterpret_cast<uint4*>(pipe)[i] = make_uint4(0, 0, 0, 0);
-      fence_proxy_async();
-    }
-    if (lane == 0) {
-      for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&tile_ready[warp][s]), 1);
-      mbarrier_init_fence();
-    }
-#endif
-  }
-  __syncthreads();
-
   const Element* k_cache = static_cast<const Element*>(p.k);
   const Element* v_cache = static_cast<const Element*>(p.v);
   const int64_t key_stride = p.cache.heads_kv * p.cache.head_dim;
@@ -113,6 +84,23 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   const int tiles = (max(keys.key_end - keys.key_begin, 0) + kTileRows - 1) / kTileRows;
   const int warp_tiles = kWarpPerHead ? (has_head ? tiles : 0) : tiles > warp ? (tiles - warp - 1) / kWarps + 1 : 0;
   auto tile_start = [&](int i) { return keys.key_begin + (kWarpPerHead ? i : warp + i * kWarps) * kTileRows; };
+
+  if constexpr (kUseBulk) {
+#if JAX_FLASH_DECODE_BULK
+    // Row copies never write the pad or the columns past head_dim: each warp zeroes its stages once, as K operands
+    // must be. The fence orders these generic writes before the bulk copies that later overwrite head_dim columns.
+    if (d < kWidth) {
+      for (int i = lane; i < static_cast<int>(kStages * Shape::kTileElements * sizeof(Element) / 16); i += 32)
+        reinterpret_cast<uint4*>(warp_pipe)[i] = make_uint4(0, 0, 0, 0);
+      fence_proxy_async();
+    }
+    if (lane == 0) {
+      for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&tile_ready[warp][s]), 1);
+      mbarrier_init_fence();
+    }
+    __syncwarp();
+#endif
+  }
 
   // Tile i goes to stage i % kStages: rows 0-15 K of keys j0.., rows 16-31 V.
   auto issue = [&](int i) {
@@ -200,6 +188,21 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
     else if constexpr (!kUseBulk) cp_async_commit();  // one group per tile keeps wait_for's count right
   }
   for (int i = kStages - 1; i < min(kStages - 1 + prefetch_tiles, warp_tiles); ++i) prefetch(i);
+
+  // Q as A operands, loaded while the first tiles are in flight. k-step s: {row g, row g + 8} x {columns 16s + 2t,
+  // +1}, then the same at 16s + 8 + 2t. Each warp loads its own head's, or all threads the block's one head's.
+  uint4* head_query = query_frags + (kWarpPerHead ? warp * Shape::kSteps * 32 : 0);
+  const int q_thread = kWarpPerHead ? lane : threadIdx.x, q_threads = kWarpPerHead ? 32 : Shape::kThreads;
+  for (int index = q_thread; has_head && index < Shape::kSteps * 32; index += q_threads) {
+    const int s = index / 32, r = index % 32 / 4, col = 16 * s + 2 * (index % 4);
+    const Element* q = static_cast<const Element*>(p.q);
+    auto pair = [&](int row, int c) -> uint32_t {
+      return row < rows && c < d ? *reinterpret_cast<const uint32_t*>(q + out_row(p, b, hk, row0 + row) * d + c) : 0u;
+    };
+    head_query[index] = make_uint4(pair(r, col), pair(r + 8, col), pair(r, col + 8), pair(r + 8, col + 8));
+  }
+  __syncthreads();
+
   for (int i = 0; i < warp_tiles; ++i) {
     __syncwarp();  // every lane has read tile i - 1, whose stage is refilled now
     if (i + kStages - 1 < warp_tiles) issue(i + kStages - 1);
