@@ -36,7 +36,7 @@ struct RowsKernel {
   static constexpr int kRowStride = kWidth + 8;  // elements: the 16-byte pad staggers rows across banks
   static constexpr int kSteps = kWidth / 16;     // k-steps of Q K^T, and pairs of output n-tiles of P V
   static constexpr int kTileElements = 2 * kTileKeys * kRowStride;  // K rows, then V rows
-  static constexpr size_t kQueryBytes = size_t{16} * kSteps * 32 * kHeadsPerBlock;  // per head
+  static constexpr size_t kQueryBytes = size_t{16} * kSteps * 32 * kHeadsPerBlock;  // Q operands of every head
   static constexpr size_t kPipeBytes = sizeof(Element) * kTileElements * kWarps * kStages;
   // Warps' outputs over the drained pipeline: all at its start, or each over its own stages.
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * 16 * kWidth;
