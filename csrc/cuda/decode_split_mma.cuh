@@ -66,20 +66,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const BlockKeys keys = block_keys(p, b, row0, rows, block.split, block.splits);
 
-  // Q as A operands. k-step s = 2c + h of lane quad t holds head_dim columns (4c + t) * 8 + 4h .. + 3, the order in
-  // which K chunks are loaded below: a = {row g cols +0..1, row g+8 cols +0..1, row g +2..3, row g+8 +2..3}.
-  for (int index = threadIdx.x; index < Shape::kQuerySteps * 32; index += Shape::kThreads) {
-    const int s = index / 32, l = index % 32;
-    const int col = (4 * (s / 2) + l % 4) * 8 + 4 * (s % 2);
-    uint2 low = {0, 0}, high = {0, 0};
-    const Element* q = static_cast<const Element*>(p.q);
-    if (col < d && l / 4 < rows) low = *reinterpret_cast<const uint2*>(q + out_row(p, b, hk, row0 + l / 4) * d + col);
-    if (col < d && l / 4 + 8 < rows)
-      high = *reinterpret_cast<const uint2*>(q + out_row(p, b, hk, row0 + l / 4 + 8) * d + col);
-    query_frags[index] = make_uint4(low.x, high.x, low.y, high.y);
-  }
-  __syncthreads();
-
   const Element* k_cache = static_cast<const Element*>(p.k);
   const Element* v_cache = static_cast<const Element*>(p.v);
   const int64_t key_stride = p.cache.heads_kv * p.cache.head_dim;
@@ -127,6 +113,21 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
     if (s < warp_tiles) issue(s);
     cp_async_commit();
   }
+
+  // Q as A operands, loaded while the first tiles are in flight. k-step s = 2c + h of lane quad t holds head_dim columns (4c + t) * 8 + 4h .. + 3, the order in
+  // which K chunks are loaded below: a = {row g cols +0..1, row g+8 cols +0..1, row g +2..3, row g+8 +2..3}.
+  for (int index = threadIdx.x; index < Shape::kQuerySteps * 32; index += Shape::kThreads) {
+    const int s = index / 32, l = index % 32;
+    const int col = (4 * (s / 2) + l % 4) * 8 + 4 * (s % 2);
+    uint2 low = {0, 0}, high = {0, 0};
+    const Element* q = static_cast<const Element*>(p.q);
+    if (col < d && l / 4 < rows) low = *reinterpret_cast<const uint2*>(q + out_row(p, b, hk, row0 + l / 4) * d + col);
+    if (col < d && l / 4 + 8 < rows)
+      high = *reinterpret_cast<const uint2*>(q + out_row(p, b, hk, row0 + l / 4 + 8) * d + col);
+    query_frags[index] = make_uint4(low.x, high.x, low.y, high.y);
+  }
+  __syncthreads();
+
   for (int i = 0; i < warp_tiles; ++i) {
     // The stage refilled here was read by tile i - 1, whose mma instructions (asm volatile, in order) consumed it.
     if (i + kStages - 1 < warp_tiles) issue(i + kStages - 1);
