@@ -18,6 +18,7 @@
 #include "../tensor_core/ptx.cuh"
 #include "accumulator_store.cuh"
 #include "backward_config.cuh"
+#include "tile_mask.cuh"
 #include "forward_kernel.cuh"
 #include "online_softmax.cuh"
 #include "warpgroup_gemm.cuh"
@@ -178,6 +179,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     }
   }
 
+  const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
   Barrier::wait(&smem.resident_full, 0);
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
@@ -212,25 +214,35 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     const bool straddles = (!kKeyMajor && key_end > p.seqlen_k) ||
                            !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident),
                                                key_begin, key_end);
-    CUTE_UNROLL
-    for (int i = 0; i < size(tS); ++i) {
-      const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
-      const int query = kKeyMajor ? streamed_begin + streamed : resident_begin + resident;
-      const int key = kKeyMajor ? resident_begin + resident : streamed_begin + streamed;
-      // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
-      const float lse = kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2];
-      const float delta = kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
-      float score = tS(i);
-      float slope = 1.f;
-      if (p.mask.softcap > 0.f) {
-        score = p.mask.softcap * tensor_core::tanh_fast(score * (p.scale / p.mask.softcap));
-        const float t = score / p.mask.softcap;
-        slope = 1.f - t * t;
+    const TileMask tile_mask(p.mask, p.seqlen_k, query_begin, key_begin);
+    // P and dS elementwise. The soft-cap choice is made once per tile, outside the unrolled loop, and the mask test
+    // is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a division per
+    // element made it overflow the instruction cache).
+    auto probabilities_and_score_gradients = [&](auto capped) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tS); ++i) {
+        const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
+        // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
+        const float lse = kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2];
+        const float delta = kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
+        float score = tS(i);
+        float slope = 1.f;
+        if constexpr (decltype(capped)::value) {
+          const float t = tensor_core::tanh_fast(score * cap_input_scale);
+          score = p.mask.softcap * t;
+          slope = 1.f - t * t;
+        }
+        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
+        const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+        probability = straddles && !visible ? 0.f : probability;
+        tS(i) = probability;
+        tdP(i) = probability * (tdP(i) - delta) * slope;
       }
-      float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
-      if (straddles && (key >= p.seqlen_k || !key_visible(p.mask, query, key))) probability = 0.f;
-      tS(i) = probability;
-      tdP(i) = probability * (tdP(i) - delta) * slope;
+    };
+    if (p.mask.softcap > 0.f) {
+      probabilities_and_score_gradients(cute::true_type{});
+    } else {
+      probabilities_and_score_gradients(cute::false_type{});
     }
     convert_fragment(tS, tP);
     convert_fragment(tdP, tdS);
