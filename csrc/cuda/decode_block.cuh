@@ -96,6 +96,21 @@ __device__ __forceinline__ int64_t tile_offset(const PagedCache& c, int64_t b, i
   return ((id * c.page_size + j0 % page_size) * c.heads_kv + h) * c.head_dim;
 }
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere and when the next kernel was launched normally): a split
+// kernel's blocks announce that they have passed their loads, so the combine kernel may launch, and the combine
+// waits until the split grid has completed and its writes are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
 // state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. Threads `thread` of `threads` take
 // part (the whole block, or one warp that owns its kv head alone).

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   __shared__ float scratch[kCombineWarps];
   __shared__ float weight[kCombineThreads];
   __shared__ float4 warp_sums[kCombineWarps][32];
+  wait_for_prerequisite_grids();  // the split kernel's partials, when launched as its programmatic dependent
   const int64_t row = blockIdx.x, rows_out = p.batch * p.q_len * p.heads_q, d = p.cache.head_dim;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 

@@ -231,9 +231,17 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
     Kernel::launch(p, plan.splits, plan.tuning, parts, stream);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess || plan.splits == 1) return status;
-    decode_combine_kernel<typename Kernel::Element>
-        <<<static_cast<unsigned>(rows_out), kCombineThreads, 0, stream>>>(p, static_cast<int>(plan.splits), parts);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(rows_out));
+    config.blockDim = dim3(kCombineThreads);
+    config.stream = stream;
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &overlap;
+    config.numAttrs = plan.tuning.overlap_combine ? 1 : 0;
+    return cudaLaunchKernelEx(&config, decode_combine_kernel<typename Kernel::Element>, p,
+                              static_cast<int>(plan.splits), parts);
   });
 }
 

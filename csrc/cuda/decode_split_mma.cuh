@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
     }
   }
   cp_async_wait<0>();
+  allow_dependent_launch();
 
   // The warps' states go to shared memory (over the drained pipeline) and are merged.
   softmax.reduce_sums();

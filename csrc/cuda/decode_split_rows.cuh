@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
     }
   }
   if constexpr (!kUseBulk) cp_async_wait<0>();
+  allow_dependent_launch();
 
   softmax.reduce_sums();
   const int t = lane % 4;

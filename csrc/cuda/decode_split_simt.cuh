@@ -111,6 +111,8 @@ __global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodePara
     }
   }
 
+  allow_dependent_launch();
+
   __shared__ float slot_max[kSlots][kRows], slot_sum[kSlots][kRows];
   __shared__ float slot_o[kSlots][kRows][kWidth];
 #pragma unroll

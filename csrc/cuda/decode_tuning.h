@@ -26,9 +26,12 @@ struct DecodeTuning {
   // Bulk-copy kernels only: each warp also prefetches into L2 the rows of the tiles this far beyond its pipeline, so
   // more bytes are in flight than its shared-memory stages hold (0: no prefetch).
   int prefetch_tiles;
+  // The combine kernel is launched as a programmatic dependent (sm_90): its launch overlaps the split kernel's last
+  // blocks, and it waits for their results on the GPU instead of between launches.
+  bool overlap_combine;
 };
 
-constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1, 0};
+constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1, 0, false};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
   constexpr const char* kNames[] = {"lanes2", "lanes3",      "rows2",       "rows3",      "bulk2",

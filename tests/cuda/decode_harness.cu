@@ -6,8 +6,9 @@
 // 3. for every kernel shape of DecodeTuning (bulk-copy kernels last): the fp16/bf16 cases at head dims 65..128 again,
 //    then GB/s of K+V read on the issue-6 benchmark cases for each grid order x wave count, one row per variant with
 //    a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that for the
-//    paged cache; every timed output is checked too); then the fastest variant per case and, on the last line, the
-//    best-scoring variant among the correct ones: what kDefaultDecodeTuning should be.
+//    paged cache; every timed output is checked too); the three best again with the combine launched as a
+//    programmatic dependent ("/pdl"); then the fastest variant per case and, on the last line, the best-scoring
+//    variant among the correct ones: what kDefaultDecodeTuning should be.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
@@ -81,6 +82,31 @@ static DecodePlan plan_and_run(const DecodeParams& p, const DecodeTuning& tuning
   CHECK(launch_decode(p, plan, *workspace, 0));
   CHECK(cudaDeviceSynchronize());
   return plan;
+}
+
+static std::string variant_name(const DecodeTuning& t) {
+  return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
+         std::to_string(t.waves) + "w" + (t.prefetch_tiles ? "/pf" + std::to_string(t.prefetch_tiles) : "") +
+         (t.overlap_combine ? "/pdl" : "");
+}
+
+// Whether a call with `tuning` launches and completes here (the "/pdl" launch attribute needs sm_90 and a recent
+// driver); prints the error otherwise. The case's caches are zeros.
+static bool launches(const Case& c, const DecodeTuning& tuning, std::mt19937& gen) {
+  DeviceCase dc(c, gen);
+  CHECK(cudaMemset(dc.q, 0, dc.q_n * 2)); CHECK(cudaMemset(dc.k, 0, dc.kv_n * 2)); CHECK(cudaMemset(dc.v, 0, dc.kv_n * 2));
+  std::vector<int32_t> lengths(c.b, c.max_len);
+  CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
+  DecodePlan plan{};
+  CHECK(plan_decode_tuned(dc.p, tuning, &plan));
+  void* workspace = nullptr;
+  if (plan.workspace_bytes) CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
+  cudaError_t status = launch_decode(dc.p, plan, workspace, 0);
+  if (status == cudaSuccess) status = cudaDeviceSynchronize();
+  cudaGetLastError();  // a refused launch attribute is not a sticky error
+  cudaFree(workspace);
+  if (status != cudaSuccess) printf("%s: %s\n", variant_name(tuning).c_str(), cudaGetErrorString(status));
+  return status == cudaSuccess;
 }
 
 // Checks out and lse of one case against the float64 reference; prints a line when `verbose` or on failure.
@@ -192,10 +218,6 @@ static double copy_bandwidth() {
   return 2.0 * bytes / us / 1e3;
 }
 
-static std::string variant_name(const DecodeTuning& t) {
-  return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
-         std::to_string(t.waves) + "w" + (t.prefetch_tiles ? "/pf" + std::to_string(t.prefetch_tiles) : "");
-}
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if a kernel takes the process down
@@ -232,39 +254,24 @@ int main(int argc, char** argv) {
   constexpr int kShapes = sizeof(bench) / sizeof(bench[0]);
   double best_score = 0;
   std::string best = "none";
+  std::vector<std::pair<double, DecodeTuning>> scored;  // correct variants and their scores
   std::vector<std::pair<double, std::string>> fastest(kShapes, {0.0, "none"});
-  // The bulk-copy kernels go last, so that should one of them take the process down the rest is already printed.
-  for (bool bulk_phase : {false, true}) {
-    if (bulk_phase && !bulk) continue;
-    std::vector<DecodeKernel> kernels;
-    for (int k = 0; k < int(DecodeKernel::kCount); ++k)
-      if ((std::strstr(decode_kernel_name(DecodeKernel(k)), "bulk") != nullptr) == bulk_phase)
-        kernels.push_back(DecodeKernel(k));
 
-    // Every kernel shape on the cases it serves (fp16/bf16, head dims 65..128), with kv heads fastest and two waves
-    // (and bulk kernels with L2 prefetch), so that the sweep's other grid order and split counts are checked too.
-    std::vector<bool> kernel_ok(int(DecodeKernel::kCount), true);
-    for (DecodeKernel k : kernels) {
-      const DecodeTuning tuning{k, true, 2, bulk_phase ? 2 : 0};
-      printf("checks %-11s (kv heads fastest, 2 waves): ", decode_kernel_name(k));
-      fflush(stdout);  // names the kernel should it fail a CUDA call
-      int run = 0, passed = 0;
-      for (const Case& c : checks) {
-        if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
-        ++run, passed += check_case(c, tuning, false, gen);
-      }
-      kernel_ok[int(k)] = passed == run;
-      failures += run - passed;
-      printf("%d/%d ok\n", passed, run);
+  // Runs the check cases a tuning serves (fp16/bf16, head dims 65..128) and prints one line; true if all passed.
+  auto check_tuning = [&](const DecodeTuning& tuning) {
+    printf("checks %-30s: ", variant_name(tuning).c_str());
+    fflush(stdout);  // names the variant should it fail a CUDA call
+    int run = 0, passed = 0;
+    for (const Case& c : checks) {
+      if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
+      ++run, passed += check_case(c, tuning, false, gen);
     }
-    if (check_only) continue;
-
-    std::vector<DecodeTuning> variants;
-    for (DecodeKernel k : kernels)
-      for (bool heads_fastest : {false, true}) {
-        for (int waves : {1, 2}) variants.push_back({k, heads_fastest, waves, 0});
-        if (bulk_phase) variants.push_back({k, heads_fastest, 1, 2});  // L2 prefetch 2 tiles ahead
-      }
+    failures += run - passed;
+    printf("%d/%d ok\n", passed, run);
+    return passed == run;
+  };
+  // Times every variant on every benchmark case (each case's caches built once) and prints one row per variant.
+  auto sweep = [&](const std::vector<DecodeTuning>& variants, const std::vector<bool>& checked) {
     std::vector<std::vector<double>> gbps(variants.size(), std::vector<double>(kShapes));
     std::vector<std::vector<int64_t>> splits(variants.size(), std::vector<int64_t>(kShapes));
     std::vector<bool> right(variants.size(), true);  // every timed output was the expected value
@@ -283,31 +290,64 @@ int main(int argc, char** argv) {
         if (!ok) right[v] = false, ++failures;
       }
     }
-    if (!bulk_phase) {
-      printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
-      printf("%-26s", "variant");
-      for (const Bench& b : bench) printf(" %14s", b.label);
-      printf("  score\n%-26s", "cudnn (docs, jax.nn)");
-      for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
-      printf("\n");
-    }
     for (size_t v = 0; v < variants.size(); ++v) {
       const std::string name = variant_name(variants[v]);
-      const bool ok = kernel_ok[int(variants[v].kernel)] && right[v];
+      const bool ok = checked[v] && right[v];
       double score = INFINITY;
-      printf("%-26s", name.c_str());
+      printf("%-30s", name.c_str());
       for (int s = 0; s < kShapes; ++s) {
         printf(" %8.0f (%3lld)", gbps[v][s], (long long)splits[v][s]);
         score = std::min(score, gbps[v][s] / bench[s].target_gbps);
         if (ok && gbps[v][s] > fastest[s].first) fastest[s] = {gbps[v][s], name};
       }
-      printf("  %.3f%s\n", score, !kernel_ok[int(variants[v].kernel)] ? " (checks failed)" : right[v] ? "" : " (WRONG)");
+      printf("  %.3f%s\n", score, !checked[v] ? " (checks failed)" : right[v] ? "" : " (WRONG)");
+      if (ok) scored.push_back({score, variants[v]});
       if (ok && score > best_score) best_score = score, best = name;
     }
+  };
+
+  // The bulk-copy kernels go last, so that should one of them take the process down the rest is already printed.
+  for (bool bulk_phase : {false, true}) {
+    if (bulk_phase && !bulk) continue;
+    // Each kernel is checked with kv heads fastest and two waves (bulk kernels with L2 prefetch), so that the
+    // sweep's other grid order and split counts are checked too.
+    std::vector<DecodeTuning> variants;
+    std::vector<bool> checked;
+    for (int k = 0; k < int(DecodeKernel::kCount); ++k) {
+      if ((std::strstr(decode_kernel_name(DecodeKernel(k)), "bulk") != nullptr) != bulk_phase) continue;
+      const bool ok = check_tuning({DecodeKernel(k), true, 2, bulk_phase ? 2 : 0, false});
+      for (bool heads_fastest : {false, true}) {
+        for (int waves : {1, 2}) variants.push_back({DecodeKernel(k), heads_fastest, waves, 0, false});
+        if (bulk_phase) variants.push_back({DecodeKernel(k), heads_fastest, 1, 2, false});  // L2 prefetch, 2 tiles
+      }
+      checked.resize(variants.size(), ok);
+    }
+    if (check_only) continue;
+    if (!bulk_phase) {
+      printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
+      printf("%-30s", "variant");
+      for (const Bench& b : bench) printf(" %14s", b.label);
+      printf("  score\n%-30s", "cudnn (docs, jax.nn)");
+      for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
+      printf("\n");
+    }
+    sweep(variants, checked);
   }
   if (!check_only) {
+    // The three best variants again with the combine launched as a programmatic dependent ("/pdl").
+    std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::vector<DecodeTuning> overlapped;
+    std::vector<bool> checked;
+    for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) {
+      DecodeTuning tuning = scored[v].second;
+      tuning.overlap_combine = true;
+      if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
+      overlapped.push_back(tuning);
+      checked.push_back(check_tuning(tuning));
+    }
+    if (!overlapped.empty()) sweep(overlapped, checked);
     for (int s = 0; s < kShapes; ++s)
-      printf("fastest at %-9s: %-26s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
+      printf("fastest at %-9s: %-30s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
   }
   printf(failures ? "%d CHECKS FAILED; best variant: %s\n" : "ALL OK; best variant: %s\n", failures, best.c_str());
