@@ -257,13 +257,14 @@ int main(int argc, char** argv) {
   std::vector<std::pair<double, DecodeTuning>> scored;  // correct variants and their scores
   std::vector<std::pair<double, std::string>> fastest(kShapes, {0.0, "none"});
 
-  // Runs the check cases a tuning serves (fp16/bf16, head dims 65..128) and prints one line; true if all passed.
+  // Runs the check cases a tuning serves (fp16/bf16, head dims 65..128; the two longest, whose host reference takes
+  // seconds, only with the production plan) and prints one line; true if all passed.
   auto check_tuning = [&](const DecodeTuning& tuning) {
     printf("checks %-30s: ", variant_name(tuning).c_str());
     fflush(stdout);  // names the variant should it fail a CUDA call
     int run = 0, passed = 0;
     for (const Case& c : checks) {
-      if (c.dtype == f32 || c.d <= 64 || c.d > 128) continue;
+      if (c.dtype == f32 || c.d <= 64 || c.d > 128 || c.max_len > 10000) continue;
       ++run, passed += check_case(c, tuning, false, gen);
     }
     failures += run - passed;
