@@ -1,6 +1,7 @@
-// The Hopper backward: one kernel template, two roles (backward_config.cuh).
+// The Hopper backward: one kernel template, two sides (backward_config.cuh) and four roles (BackwardRole).
 //   key-major   (dK, dV): S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q, summed over the query
-//                         heads of the KV group and over query tiles inside the CTA;
+//                         heads of the KV group and over query tiles inside the CTA; where the two accumulators do
+//                         not fit in registers together (head dim 256) it runs twice, dV alone (no dP needed) then dK;
 //   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles.
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
@@ -24,6 +25,11 @@
 #include "warpgroup_gemm.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
+
+enum class BackwardRole { kKeysAndValues, kValues, kKeys, kQueries };
+
+template <BackwardRole kRole>
+inline constexpr bool kKeyMajorRole = kRole != BackwardRole::kQueries;
 
 template <class Config>
 struct BackwardKernelParams {
@@ -128,11 +134,15 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
-template <bool kKeyMajor, class Config>
+template <BackwardRole kRole, class Config>
 __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch,
-                                 const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk,
+                                 const StreamedWalk<kKeyMajorRole<kRole>, Config::kResident, Config::kStreamed>& walk,
                                  int thread) {
+  constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
+  // gradient A is dK or dQ (needs dS, hence dP); gradient B is dV (needs only P).
+  constexpr bool kGradientA = kRole != BackwardRole::kValues;
+  constexpr bool kGradientB = kRole == BackwardRole::kKeysAndValues || kRole == BackwardRole::kValues;
   using Element = typename Config::Element;
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -160,8 +170,8 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor tP = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
   Tensor tdS = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
   Tensor coords = thread_scores.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kStreamed>>{}));
-  clear(tGradA);
-  if constexpr (kKeyMajor) clear(tGradB);
+  if constexpr (kGradientA) clear(tGradA);
+  if constexpr (kGradientB) clear(tGradB);
 
   const int resident_begin = resident_block * kResident;
   const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
@@ -186,10 +196,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
   // which at head dim 128 leaves the key-major consumers too few registers (ptxas then serializes the wgmma), so
   // those issue the next scores only after the gradient GEMMs retired.
-  constexpr bool kPipelined = !kKeyMajor || kHeadDim <= 64;
+  constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
+  constexpr int kScoreGemms = kGradientA ? 2 : 1;
   auto issue_scores = [&](int stage) {
     warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
-    warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
+    if constexpr (kGradientA) warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
   };
   int stage = 0;
   uint32_t phase = 0;
@@ -236,7 +247,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
         const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
         probability = straddles && !visible ? 0.f : probability;
         tS(i) = probability;
-        tdP(i) = probability * (tdP(i) - delta) * slope;
+        if constexpr (kGradientA) tdP(i) = probability * (tdP(i) - delta) * slope;
       }
     };
     if (p.mask.softcap > 0.f) {
@@ -244,13 +255,13 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     } else {
       probabilities_and_score_gradients(cute::false_type{});
     }
-    convert_fragment(tS, tP);
-    convert_fragment(tdP, tdS);
-    if constexpr (kKeyMajor) {
-      warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);   // dV += P^T dO
-      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q
-    } else {
-      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dQ += dS K
+    if constexpr (kGradientB) {
+      convert_fragment(tS, tP);
+      warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
+    }
+    if constexpr (kGradientA) {
+      convert_fragment(tdP, tdS);
+      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
     }
     const int this_stage = stage;
     if (++stage == Config::kStages) {
@@ -260,14 +271,14 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     if (kPipelined && step + 1 < walk.steps()) {
       Barrier::wait(&smem.full[stage], phase);
       issue_scores(stage);
-      warpgroup_wait<2>();  // this tile's gradient GEMMs retired; the next scores may still run
+      warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
     } else {
       warpgroup_wait<0>();
     }
     Barrier::arrive(&smem.empty[this_stage]);
   }
-  warpgroup_fence_operand(tGradA);
-  if constexpr (kKeyMajor) warpgroup_fence_operand(tGradB);
+  if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
+  if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
 
   // Gradient rows: keys [batch, seqlen_k, heads_kv, head_dim] or queries [batch, seqlen_q, heads_q, head_dim].
   const int heads = kKeyMajor ? p.heads_q / p.group : p.heads_q;
@@ -279,17 +290,20 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   };
   Tensor out_coords = thread_gradient.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kHeadDim>>{}));
   const float scale = p.scale;
-  store_accumulator<Element>(tGradA, out_coords, resident_rows - resident_begin, p.head_dim, row_pointer(p.grad_a),
-                             [=](int) { return scale; });
-  if constexpr (kKeyMajor) {
+  if constexpr (kGradientA) {
+    store_accumulator<Element>(tGradA, out_coords, resident_rows - resident_begin, p.head_dim,
+                               row_pointer(p.grad_a), [=](int) { return scale; });
+  }
+  if constexpr (kGradientB) {
     store_accumulator<Element>(tGradB, out_coords, resident_rows - resident_begin, p.head_dim,
                                row_pointer(p.grad_b), [](int) { return 1.f; });
   }
 }
 
-template <bool kKeyMajor, class Config>
+template <BackwardRole kRole, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     backward_kernel(CUTE_GRID_CONSTANT const BackwardKernelParams<Config> p) {
+  constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
   const int resident_block = blockIdx.x;
@@ -315,7 +329,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (threadIdx.x == 0) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch, walk);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch, walk, threadIdx.x - 128);
+    consume_backward<kRole, Config>(p, smem, resident_block, head, batch, walk, threadIdx.x - 128);
   }
 }
 

@@ -14,10 +14,11 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
-template <bool kKeyMajor, class Config>
+template <BackwardRole kRole, class Config>
 cudaError_t launch_backward_role(const AttentionBackwardParams& params, const float* lse_log2, const float* delta,
                                  cudaStream_t stream) {
   using Element = typename Config::Element;
+  constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   const AttentionShape& s = params.shape;
   const GlobalShape shape_q(int32_t(s.seqlen_q), int32_t(s.head_dim), int32_t(s.heads_q), int32_t(s.batch));
   const GlobalShape shape_kv(int32_t(s.seqlen_k), int32_t(s.head_dim), int32_t(s.heads_kv), int32_t(s.batch));
@@ -63,7 +64,7 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
                   unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  auto* kernel = &backward_kernel<kKeyMajor, Config>;
+  auto* kernel = &backward_kernel<kRole, Config>;
   cudaError_t status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
   if (status != cudaSuccess) return status;
@@ -71,7 +72,9 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   return cudaGetLastError();
 }
 
-template <class KeyConfig, class QueryConfig>
+// kKeyPasses: 1 runs the key-major kernel once for dK and dV together, 2 runs it once per gradient (for head dims
+// whose two accumulators exceed the consumers' registers).
+template <class KeyConfig, class QueryConfig, int kKeyPasses>
 cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const AttentionShape& s = params.shape;
   if (s.batch == 0 || s.heads_q == 0) return cudaSuccess;
@@ -81,8 +84,18 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   auto* lse_log2 = static_cast<float*>(workspace);
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
-  if (status == cudaSuccess) status = launch_backward_role<true, KeyConfig>(params, lse_log2, delta, stream);
-  if (status == cudaSuccess) status = launch_backward_role<false, QueryConfig>(params, lse_log2, delta, stream);
+  static_assert(kKeyPasses == 1 || kKeyPasses == 2);
+  if constexpr (kKeyPasses == 1) {
+    if (status == cudaSuccess)
+      status = launch_backward_role<BackwardRole::kKeysAndValues, KeyConfig>(params, lse_log2, delta, stream);
+  } else {
+    if (status == cudaSuccess)
+      status = launch_backward_role<BackwardRole::kValues, KeyConfig>(params, lse_log2, delta, stream);
+    if (status == cudaSuccess)
+      status = launch_backward_role<BackwardRole::kKeys, KeyConfig>(params, lse_log2, delta, stream);
+  }
+  if (status == cudaSuccess)
+    status = launch_backward_role<BackwardRole::kQueries, QueryConfig>(params, lse_log2, delta, stream);
   return status;
 }
 

@@ -8,7 +8,7 @@ cudaError_t launch_backward<cutlass::bfloat16_t, 128>(const AttentionBackwardPar
                                                    cudaStream_t stream) {
   using KeyConfig = BackwardConfig<cutlass::bfloat16_t, 128, 128, 64, 2>;
   using QueryConfig = BackwardConfig<cutlass::bfloat16_t, 128, 128, 64, 2>;
-  return launch_backward_configs<KeyConfig, QueryConfig>(params, workspace, stream);
+  return launch_backward_configs<KeyConfig, QueryConfig, 1>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper

@@ -8,7 +8,7 @@ cudaError_t launch_backward<cutlass::half_t, 64>(const AttentionBackwardParams& 
                                                    cudaStream_t stream) {
   using KeyConfig = BackwardConfig<cutlass::half_t, 64, 128, 64, 2>;
   using QueryConfig = BackwardConfig<cutlass::half_t, 64, 128, 64, 2>;
-  return launch_backward_configs<KeyConfig, QueryConfig>(params, workspace, stream);
+  return launch_backward_configs<KeyConfig, QueryConfig, 1>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper

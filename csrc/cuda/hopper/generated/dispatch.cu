@@ -33,6 +33,9 @@ int backward_bucket(int64_t head_dim) {
 #if defined(JAX_FLASH_HEAD_DIM_128)
   if (head_dim <= 128) return 128;
 #endif
+#if defined(JAX_FLASH_HEAD_DIM_256)
+  if (head_dim <= 256) return 256;
+#endif
   return 0;
 }
 
@@ -107,6 +110,10 @@ cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cud
         case 128:
           return launch_backward<cutlass::half_t, 128>(params, workspace, stream);
 #endif
+#if defined(JAX_FLASH_HEAD_DIM_256)
+        case 256:
+          return launch_backward<cutlass::half_t, 256>(params, workspace, stream);
+#endif
       }
       break;
 #endif
@@ -120,6 +127,10 @@ cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cud
 #if defined(JAX_FLASH_HEAD_DIM_128)
         case 128:
           return launch_backward<cutlass::bfloat16_t, 128>(params, workspace, stream);
+#endif
+#if defined(JAX_FLASH_HEAD_DIM_256)
+        case 256:
+          return launch_backward<cutlass::bfloat16_t, 256>(params, workspace, stream);
 #endif
       }
       break;
