@@ -31,7 +31,9 @@ struct DecodeTuning {
   bool overlap_combine;
 };
 
-constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kLanes2, false, 1, 0, false};
+// rows3, splits fastest, one wave, no prefetch, plain combine launch: the best score of the H200 sweep (commit 56ded63,
+// docs/benchmarks.md) without the programmatic-dependent launch, which is unverified inside XLA's CUDA graphs.
+constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, 0, false};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
   constexpr const char* kNames[] = {"lanes2", "lanes3",      "rows2",       "rows3",      "bulk2",

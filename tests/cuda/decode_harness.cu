@@ -354,6 +354,10 @@ int main(int argc, char** argv) {
       printf("fastest at %-9s: %-30s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
   }
-  printf(failures ? "%d CHECKS FAILED; best variant: %s\n" : "ALL OK; best variant: %s\n", failures, best.c_str());
+  if (failures) {
+    printf("%d CHECKS FAILED; best variant: %s\n", failures, best.c_str());
+  } else {
+    printf("ALL OK; best variant: %s\n", best.c_str());
+  }
   return failures ? 1 : 0;
 }
