@@ -128,27 +128,34 @@ def visible_mask(seq_q: int, seq_k: int, left: int, right: int) -> np.ndarray:
     return visible
 
 
-def numpy_attention(q, k, v, cotangent=None, *, scale=None, is_causal=False, local_window_size=None, softcap=None,
-                    visible=None):
-    """Independent float64 numpy attention (4-D inputs). Returns out, or (out, (dq, dk, dv)) given a cotangent,
-    the gradients of sum(out * cotangent) derived by hand. Rows that see no key give 0 and zero gradients.
-    visible, [batch, seq_q, seq_k] bool, replaces the mask of is_causal and local_window_size when given."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+def numpy_probabilities(q, k, *, scale, is_causal=False, local_window_size=None, softcap=None, visible=None):
+    """float64 (raw scaled scores, logits, softmax probabilities), each [batch, heads_kv, group, seq_q, seq_k]; masked
+    logits are -inf and rows that see no key have all-zero probabilities."""
+    q, k = (np.asarray(x, np.float64) for x in (q, k))
     batch, seq_q, heads_q, head_dim = q.shape
     seq_k, heads_kv = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     left, right = window_bounds(is_causal, local_window_size)
     visible = visible_mask(seq_q, seq_k, left, right) if visible is None else visible[:, None, None]
-
-    qg = q.reshape(batch, seq_q, heads_kv, group, head_dim)  # query head h reads kv head h // group
+    qg = q.reshape(batch, seq_q, heads_kv, heads_q // heads_kv, head_dim)  # query head h reads kv head h // group
     raw = np.einsum("bthgd,bshd->bhgts", qg, k, optimize=True) * scale
     logits = softcap * np.tanh(raw / softcap) if softcap else raw
     logits = np.where(visible, logits, -np.inf)
     row_max = logits.max(axis=-1, keepdims=True)
     weights = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0))
     row_sum = weights.sum(axis=-1, keepdims=True)
-    probs = weights / np.where(row_sum > 0, row_sum, 1.0)
+    return raw, logits, weights / np.where(row_sum > 0, row_sum, 1.0)
+
+
+def numpy_attention(q, k, v, cotangent=None, *, scale=None, is_causal=False, local_window_size=None, softcap=None,
+                    visible=None):
+    """Independent float64 numpy attention (4-D inputs). Returns out, or (out, (dq, dk, dv)) given a cotangent,
+    the gradients of sum(out * cotangent) derived by hand. Rows that see no key give 0 and zero gradients.
+    visible, [batch, seq_q, seq_k] bool, replaces the mask of is_causal and local_window_size when given."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    raw, _, probs = numpy_probabilities(q, k, scale=scale, is_causal=is_causal, local_window_size=local_window_size,
+                                        softcap=softcap, visible=visible)
+    qg = q.reshape(*q.shape[:2], k.shape[2], -1, q.shape[-1])  # query head h reads kv head h // group
     out = np.einsum("bhgts,bshd->bthgd", probs, v, optimize=True).reshape(q.shape)
     if cotangent is None:
         return out
