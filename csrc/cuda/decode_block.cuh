@@ -1,4 +1,4 @@
-// What both split kernels share: the keys one block reads, and the end of a block, where the independent softmax
+// What the split kernels share: the keys one block reads, and the end of a block, where the independent softmax
 // states it kept (per lane group or per warp) are merged and written as the output or as one split's partial.
 #pragma once
 
@@ -29,9 +29,8 @@ struct Partials {
 // batch), or with heads_fastest (kv heads x passes, splits, batch), so that the blocks reading the same keys of all
 // kv heads are launched next to each other.
 struct LaunchShape {
-  int passes;          // passes of packed rows per kv head (group)
+  int passes;  // passes of packed rows per kv head (group)
   bool heads_fastest;
-  int prefetch_tiles;  // bulk-copy kernels: tiles prefetched into L2 ahead of the pipeline (0: none)
 };
 
 // What one block owns, from its grid position.
@@ -112,16 +111,14 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() {
 }
 
 // Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
-// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. Threads `thread` of `threads` take
-// part (the whole block, or one warp that owns its kv head alone).
+// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. The whole block takes part.
 template <typename Element, int kStates, int kRows, int kWidth>
 __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, const BlockIndex& block, int rows,
-                                const float* state_max, const float* state_sum, const float* state_o, int thread,
-                                int threads) {
+                                const float* state_max, const float* state_sum, const float* state_o) {
   const int64_t b = block.b, hk = block.hk;
   const int row0 = block.row0, split = block.split, splits = block.splits;
   const int64_t d = p.cache.head_dim;
-  for (int index = thread; index < rows * kWidth; index += threads) {
+  for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
     float max_all = -INFINITY;

@@ -1,7 +1,7 @@
-// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_mma.cuh and
-// decode_split_rows.cuh (fp16/bf16, tensor cores; which shape runs at head dims 65..128 is DecodeTuning::kernel) and
-// decode_split_simt.cuh (float32, CUDA cores); all are bound by memory bandwidth, so the plan's job is to give every
-// SM enough blocks:
+// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_rows.cuh (fp16/bf16 at head
+// dims 65..128; its pipeline depth is DecodeTuning::kernel), decode_split_mma.cuh (fp16/bf16 at the other head dims;
+// both on tensor cores) and decode_split_simt.cuh (float32, CUDA cores); all are bound by memory bandwidth, so the
+// plan's job is to give every SM enough blocks:
 //
 // * A block owns (split, kv head, pass of packed rows, sequence). Packed rows are all query heads of the kv head at
 //   every new position, so each K/V row is read once for all of them.
@@ -42,8 +42,7 @@ cudaError_t sm_count(int* count) {
 }
 
 // A split kernel instance with what planning and launching need to know about it.
-template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel,
-          int kHeadsPerBlock = 1>
+template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel>
 struct Instance {
   using Element = ElementT;
   static constexpr int kRows = kRowsPerPass;
@@ -71,14 +70,12 @@ struct Instance {
 
   static int64_t passes(const DecodeParams& p) { return (p.q_len * p.group() + kRows - 1) / kRows; }
 
-  // Blocks per (split, sequence): one per pass of each group of kHeadsPerBlock kv heads.
-  static int64_t head_passes(const DecodeParams& p) {
-    return (p.cache.heads_kv + kHeadsPerBlock - 1) / kHeadsPerBlock * passes(p);
-  }
+  // Blocks per (split, sequence): one per pass of each kv head.
+  static int64_t head_passes(const DecodeParams& p) { return p.cache.heads_kv * passes(p); }
 
   static void launch(const DecodeParams& p, int64_t splits, const DecodeTuning& tuning, Partials parts,
                      cudaStream_t stream) {
-    const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest, tuning.prefetch_tiles};
+    const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest};
     const unsigned split_dim = static_cast<unsigned>(splits);
     const unsigned head_dim = static_cast<unsigned>(head_passes(p));
     const dim3 grid(shape.heads_fastest ? head_dim : split_dim, shape.heads_fastest ? split_dim : head_dim,
@@ -97,16 +94,14 @@ using Mma = Instance<Element, kMmaRows, kWarps * 32,
                      MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>::kSharedBytes,
                      MmaFunction<Element, kChunksK, kChunksV, kWarps, kStages>>;
 
-template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead>
+template <typename Element, int kWidth, int kWarps, int kStages>
 struct RowsFunction {
-  static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages, kBulk, kWarpPerHead>;
+  static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages>;
 };
 
-template <typename Element, int kWidth, int kWarps, int kStages, bool kBulk, bool kWarpPerHead = false>
-using Rows = Instance<Element, kMmaRows, kWarps * 32,
-                      RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kSharedBytes,
-                      RowsFunction<Element, kWidth, kWarps, kStages, kBulk, kWarpPerHead>,
-                      RowsKernel<Element, kWidth, kWarps, kStages, kWarpPerHead>::kHeadsPerBlock>;
+template <typename Element, int kWidth, int kWarps, int kStages>
+using Rows = Instance<Element, kMmaRows, kWarps * 32, RowsKernel<Element, kWidth, kWarps, kStages>::kSharedBytes,
+                      RowsFunction<Element, kWidth, kWarps, kStages>>;
 
 template <int kLanes, int kChunks, int kRows>
 struct SimtFunction {
@@ -116,25 +111,16 @@ struct SimtFunction {
 template <int kLanes, int kChunks, int kRows>
 using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunks, kRows>>;
 
-// Calls visit(Instance{}) with the instance for p's dtype and head_dim. The lanes kernel's default shapes keep about
-// 64 KiB of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89); the other
-// shapes at head dims 65..128 are the harness's sweep (kBulk6 and the 8-warp kHeads8 shapes need an sm_90 SM's
-// shared memory).
+// Calls visit(Instance{}) with the instance for p's dtype and head_dim. The lanes kernel's shapes keep about 64 KiB
+// of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89); at head dims 65..128
+// the rows kernel runs, 2 or 3 tiles deep (the harness's sweep).
 template <typename Element, typename Visitor>
 cudaError_t visit_mma(int64_t d, DecodeKernel kernel, Visitor&& visit) {
   if (d <= 64) return visit(Mma<Element, 2, 1, 4, 4>{});
   if (d <= 128) {
     switch (kernel) {
-      case DecodeKernel::kLanes2: return visit(Mma<Element, 4, 2, 4, 2>{});
-      case DecodeKernel::kLanes3: return visit(Mma<Element, 4, 2, 4, 3>{});
-      case DecodeKernel::kRows2: return visit(Rows<Element, 128, 4, 2, false>{});
-      case DecodeKernel::kRows3: return visit(Rows<Element, 128, 4, 3, false>{});
-      case DecodeKernel::kBulk2: return visit(Rows<Element, 128, 4, 2, true>{});
-      case DecodeKernel::kBulk3: return visit(Rows<Element, 128, 4, 3, true>{});
-      case DecodeKernel::kBulk6: return visit(Rows<Element, 128, 4, 6, true>{});
-      case DecodeKernel::kHeads4Bulk2: return visit(Rows<Element, 128, 4, 2, true, true>{});
-      case DecodeKernel::kHeads8Bulk2: return visit(Rows<Element, 128, 8, 2, true, true>{});
-      case DecodeKernel::kHeads8Rows2: return visit(Rows<Element, 128, 8, 2, false, true>{});
+      case DecodeKernel::kRows2: return visit(Rows<Element, 128, 4, 2>{});
+      case DecodeKernel::kRows3: return visit(Rows<Element, 128, 4, 3>{});
       case DecodeKernel::kCount: break;
     }
     return cudaErrorInvalidValue;
@@ -193,7 +179,7 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
 }
 
 cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, DecodePlan* plan) {
-  if (tuning.waves < 1 || tuning.prefetch_tiles < 0) return cudaErrorInvalidValue;
+  if (tuning.waves < 1) return cudaErrorInvalidValue;
   plan->tuning = tuning;
   return visit_instance(p, tuning.kernel, [&](auto instance) {
     using Kernel = decltype(instance);

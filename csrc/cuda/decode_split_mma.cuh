@@ -1,5 +1,6 @@
-// The fp16/bf16 split kernel, on tensor cores. Decoding is bound by memory bandwidth, so the design goals are bytes
-// in flight and few instructions per key byte:
+// The fp16/bf16 split kernel on tensor cores for head dims up to 64 and 129..256 (the "lanes" kernel; 65..128 take
+// the rows kernel, decode_split_rows.cuh). Decoding is bound by memory bandwidth, so the design goals are bytes in
+// flight and few instructions per key byte:
 //
 // * The block's packed rows (all query heads of one kv head at every new position, up to 16) are the M = 16 rows of
 //   mma.sync m16n8k16, so each K/V row is read once for the whole GQA group and both products (Q K^T and P V) cost
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       }
   __syncthreads();
   merge_and_store<Element, kWarps, kMmaRows, Shape::kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0],
-                                                            merge_o, threadIdx.x, blockDim.x);
+                                                            merge_o);
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

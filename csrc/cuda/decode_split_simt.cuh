@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodePara
   }
   __syncthreads();
   merge_and_store<float, kSlots, kRows, kWidth>(p, parts, block, rows, &slot_max[0][0], &slot_sum[0][0],
-                                                &slot_o[0][0][0], threadIdx.x, blockDim.x);
+                                                &slot_o[0][0][0]);
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

@@ -3,17 +3,16 @@
 //    paged caches; ragged lengths with NaN poison past each length, so any read past a sequence's end shows;
 //    GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 32 to 256; one split and many), with the production plan;
 // 2. the device-copy bandwidth (cudaMemcpyAsync device to device of 1 GiB), against which the targets are set;
-// 3. for every kernel shape of DecodeTuning (bulk-copy kernels last): the fp16/bf16 cases at head dims 65..128 again,
-//    then GB/s of K+V read on the issue-6 benchmark cases for each grid order x wave count, one row per variant with
-//    a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that for the
-//    paged cache; every timed output is checked too); the three best again with the combine launched as a
-//    programmatic dependent ("/pdl"); then the fastest variant per case and, on the last line, the best-scoring
-//    variant among the correct ones: what kDefaultDecodeTuning should be.
+// 3. for each kernel of DecodeTuning (rows2, rows3): the fp16/bf16 cases at head dims 65..128 again, then GB/s of
+//    K+V read on the issue-6 benchmark cases for each grid order x wave count, one row per variant with a score (the
+//    worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that for the paged cache;
+//    every timed output is checked too); the three best again with the combine launched as a programmatic dependent
+//    ("/pdl"); then the fastest variant per case and, on the last line, the best-scoring variant among the correct
+//    ones: what kDefaultDecodeTuning should be.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
-// `--check-only` skips the copy and the sweep (e.g. under compute-sanitizer --tool memcheck); `--no-bulk` leaves out
-// the bulk-copy kernels (should one trap on a lost copy, the rest can still be timed).
+// `--check-only` skips the copy and the sweep (e.g. under compute-sanitizer --tool memcheck).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -86,8 +85,7 @@ static DecodePlan plan_and_run(const DecodeParams& p, const DecodeTuning& tuning
 
 static std::string variant_name(const DecodeTuning& t) {
   return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
-         std::to_string(t.waves) + "w" + (t.prefetch_tiles ? "/pf" + std::to_string(t.prefetch_tiles) : "") +
-         (t.overlap_combine ? "/pdl" : "");
+         std::to_string(t.waves) + "w" + (t.overlap_combine ? "/pdl" : "");
 }
 
 // Whether a call with `tuning` plans, launches and completes here (a kernel shape may need more shared memory than
@@ -222,8 +220,8 @@ static double copy_bandwidth() {
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if a kernel takes the process down
-  bool check_only = false, bulk = true;
-  for (int i = 1; i < argc; ++i) check_only |= !std::strcmp(argv[i], "--check-only"), bulk &= !!std::strcmp(argv[i], "--no-bulk");
+  bool check_only = false;
+  for (int i = 1; i < argc; ++i) check_only |= !std::strcmp(argv[i], "--check-only");
   std::mt19937 gen(0);
   const DType bf16 = DType::kBFloat16, f16 = DType::kFloat16, f32 = DType::kFloat32;
   const Case checks[] = {
@@ -308,48 +306,39 @@ int main(int argc, char** argv) {
     }
   };
 
-  // The bulk-copy kernels go last, so that should one of them take the process down the rest is already printed.
-  for (bool bulk_phase : {false, true}) {
-    if (bulk_phase && !bulk) continue;
-    // Each kernel is checked with kv heads fastest and two waves (bulk kernels with L2 prefetch), so that the
-    // sweep's other grid order and split counts are checked too.
-    std::vector<DecodeTuning> variants;
-    std::vector<bool> checked;
-    for (int k = 0; k < int(DecodeKernel::kCount); ++k) {
-      if ((std::strstr(decode_kernel_name(DecodeKernel(k)), "bulk") != nullptr) != bulk_phase) continue;
-      const DecodeTuning checked_tuning{DecodeKernel(k), true, 2, bulk_phase ? 2 : 0, false};
-      if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, checked_tuning, gen)) continue;  // left out of the sweep
-      const bool ok = check_tuning(checked_tuning);
-      for (bool heads_fastest : {false, true}) {
-        for (int waves : {1, 2}) variants.push_back({DecodeKernel(k), heads_fastest, waves, 0, false});
-        if (bulk_phase) variants.push_back({DecodeKernel(k), heads_fastest, 1, 2, false});  // L2 prefetch, 2 tiles
-      }
-      checked.resize(variants.size(), ok);
-    }
-    if (check_only) continue;
-    if (!bulk_phase) {
-      printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
-      printf("%-30s", "variant");
-      for (const Bench& b : bench) printf(" %14s", b.label);
-      printf("  score\n%-30s", "cudnn (docs, jax.nn)");
-      for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
-      printf("\n");
-    }
-    sweep(variants, checked);
+  // Each kernel is checked with kv heads fastest and two waves, so that the sweep's other grid order and split counts
+  // are checked too.
+  std::vector<DecodeTuning> variants;
+  std::vector<bool> checked;
+  for (int k = 0; k < int(DecodeKernel::kCount); ++k) {
+    const DecodeTuning checked_tuning{DecodeKernel(k), true, 2, false};
+    if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, checked_tuning, gen)) continue;  // left out of the sweep
+    const bool ok = check_tuning(checked_tuning);
+    for (bool heads_fastest : {false, true})
+      for (int waves : {1, 2}) variants.push_back({DecodeKernel(k), heads_fastest, waves, false});
+    checked.resize(variants.size(), ok);
   }
   if (!check_only) {
+    printf("\nGQA 32/8, D=128, bf16, one query token: GB/s of K+V read (splits); score = worst ratio to target\n");
+    printf("%-30s", "variant");
+    for (const Bench& b : bench) printf(" %14s", b.label);
+    printf("  score\n%-30s", "cudnn (docs, jax.nn)");
+    for (double cudnn : {2523, 3944, 3651, 4265, 4012}) printf(" %14.0f", cudnn);
+    printf("\n");
+    sweep(variants, checked);
+
     // The three best variants again with the combine launched as a programmatic dependent ("/pdl").
     std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
     std::vector<DecodeTuning> overlapped;
-    std::vector<bool> checked;
+    std::vector<bool> overlapped_checked;
     for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) {
       DecodeTuning tuning = scored[v].second;
       tuning.overlap_combine = true;
       if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
       overlapped.push_back(tuning);
-      checked.push_back(check_tuning(tuning));
+      overlapped_checked.push_back(check_tuning(tuning));
     }
-    if (!overlapped.empty()) sweep(overlapped, checked);
+    if (!overlapped.empty()) sweep(overlapped, overlapped_checked);
     for (int s = 0; s < kShapes; ++s)
       printf("fastest at %-9s: %-30s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
