@@ -29,17 +29,19 @@ constexpr int kMaxDevices = 64;
 
 cudaError_t current_device(int* device) { return cudaGetDevice(device); }
 
-cudaError_t sm_count(int* count) {
+// A positive device attribute of the current device, read once per device.
+template <cudaDeviceAttr kAttribute>
+cudaError_t device_attribute(int* value) {
   static std::atomic<int> cached[kMaxDevices] = {};
   int device = 0;
   if (cudaError_t status = current_device(&device); status != cudaSuccess) return status;
-  if (device < kMaxDevices && (*count = cached[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  if (cudaError_t status = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-      status != cudaSuccess)
-    return status;
-  if (device < kMaxDevices) cached[device].store(*count, std::memory_order_relaxed);
+  if (device < kMaxDevices && (*value = cached[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  if (cudaError_t status = cudaDeviceGetAttribute(value, kAttribute, device); status != cudaSuccess) return status;
+  if (device < kMaxDevices) cached[device].store(*value, std::memory_order_relaxed);
   return cudaSuccess;
 }
+
+cudaError_t sm_count(int* count) { return device_attribute<cudaDevAttrMultiProcessorCount>(count); }
 
 // A split kernel instance with what planning and launching need to know about it.
 template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel>
@@ -175,7 +177,22 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointe
 using namespace cuda_kernels::decode;
 
 cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
-  return plan_decode_tuned(p, kDefaultDecodeTuning, plan);
+  // The default rows kernel needs more shared memory per block than some GPUs allow (rows3: 106 KiB; sm_86 and
+  // sm_89 stop at 99 KiB): there the shallower rows2 runs instead.
+  DecodeTuning tuning = kDefaultDecodeTuning;
+  int shared_limit = 0;
+  if (cudaError_t status = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&shared_limit);
+      status != cudaSuccess)
+    return status;
+  size_t shared_needed = 0;
+  if (cudaError_t status = visit_instance(p, tuning.kernel, [&](auto instance) {
+        shared_needed = decltype(instance)::kShared;
+        return cudaSuccess;
+      });
+      status != cudaSuccess)
+    return status;
+  if (shared_needed > static_cast<size_t>(shared_limit)) tuning.kernel = DecodeKernel::kRows2;
+  return plan_decode_tuned(p, tuning, plan);
 }
 
 cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, DecodePlan* plan) {
