@@ -6,8 +6,10 @@
 #
 #   bash tests/gpu_checks.sh                      # all steps
 #   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
+#   WHEEL=dist/jax_flash-*.whl STEPS=wheel bash tests/gpu_checks.sh
+#                                                 # a built wheel in a fresh venv: the GPU tests from outside the tree
 #
-# Knobs: CUTLASS_WHEEL (see below), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
+# Knobs: CUTLASS_WHEEL (see below), WHEEL (the wheel step), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
 # default all), TEST_WORKERS (default 8), TEST_SECONDS (default 480), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,6 +43,19 @@ if has tests; then
     -rfE --tb=short -k "not cpu" >"$out/tests.log" 2>&1
   elapsed "tests: $(grep -c ' PASSED ' "$out/tests.log") passed, $(grep -c ' FAILED ' "$out/tests.log") failed; $(tail -n 1 "$out/tests.log")"
   grep -E ' FAILED ' "$out/tests.log" | sed 's/.* FAILED //' | head -n 20
+fi
+if has wheel; then
+  # A fresh venv holding only the wheel; jax and the test dependencies come from this machine's own Python through a
+  # .pth file (a GPU machine without network cannot install them). Tests run with the venv's Python from /tmp.
+  venv=/tmp/jax_flash_wheel_venv
+  rm -rf "$venv" && python3 -m venv "$venv"
+  venv_site=$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])")
+  python3 -c "import site; print(site.getsitepackages()[0])" >"$venv_site/machine.pth"
+  "$venv/bin/python" -m pip install -q --no-deps --no-index "${WHEEL:?WHEEL=path/to/jax_flash-*.whl}"
+  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -m jax_flash.info) >"$out/wheel_info.log" 2>&1
+  timeout "${TEST_SECONDS:-480}" env -u PYTHONPATH "$venv/bin/python" -m pytest "$repo/tests" -v -n "${TEST_WORKERS:-8}" \
+    -p no:cacheprovider -rfE --tb=short -k "not cpu" >"$out/tests_wheel.log" 2>&1
+  elapsed "wheel tests: $(grep -c ' PASSED' "$out/tests_wheel.log") passed, $(grep -c ' FAILED' "$out/tests_wheel.log") failed; $(tail -n 1 "$out/tests_wheel.log")"
 fi
 if has sanitizer; then
   for tool in memcheck racecheck; do
