@@ -49,10 +49,13 @@ if has wheel; then
   # .pth file (a GPU machine without network cannot install them). Tests run with the venv's Python from /tmp.
   venv=/tmp/jax_flash_wheel_venv
   rm -rf "$venv" && python3 -m venv "$venv"
+  # The wheel goes in before the .pth exists, so pip cannot mistake a jax_flash of the machine's for it.
+  "$venv/bin/python" -m pip install -q --no-deps --no-index "${WHEEL:?WHEEL=path/to/jax_flash-*.whl}"
   venv_site=$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])")
   python3 -c "import site; print(site.getsitepackages()[0])" >"$venv_site/machine.pth"
-  "$venv/bin/python" -m pip install -q --no-deps --no-index "${WHEEL:?WHEEL=path/to/jax_flash-*.whl}"
-  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -m jax_flash.info) >"$out/wheel_info.log" 2>&1
+  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -c "import jax_flash; print('imported from', jax_flash.__file__)" \
+     && env -u PYTHONPATH "$venv/bin/python" -m jax_flash.info) >"$out/wheel_info.log" 2>&1
+  grep -q "imported from $venv_site" "$out/wheel_info.log" || { echo "jax_flash did not import from the wheel's venv"; exit 1; }
   timeout "${TEST_SECONDS:-480}" env -u PYTHONPATH "$venv/bin/python" -m pytest "$repo/tests" -v -n "${TEST_WORKERS:-8}" \
     -p no:cacheprovider -rfE --tb=short -k "not cpu" >"$out/tests_wheel.log" 2>&1
   elapsed "wheel tests: $(grep -c ' PASSED' "$out/tests_wheel.log") passed, $(grep -c ' FAILED' "$out/tests_wheel.log") failed; $(tail -n 1 "$out/tests_wheel.log")"
