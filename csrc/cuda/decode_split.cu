@@ -17,6 +17,7 @@
 #include "decode_split_mma.cuh"
 #include "decode_split_rows.cuh"
 #include "decode_split_simt.cuh"
+#include "device_attribute.h"
 
 namespace jax_flash {
 namespace cuda_kernels::decode {
@@ -28,18 +29,6 @@ constexpr double kWaveTolerance = 0.95;
 constexpr int kMaxDevices = 64;
 
 cudaError_t current_device(int* device) { return cudaGetDevice(device); }
-
-// A positive device attribute of the current device, read once per device.
-template <cudaDeviceAttr kAttribute>
-cudaError_t device_attribute(int* value) {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int device = 0;
-  if (cudaError_t status = current_device(&device); status != cudaSuccess) return status;
-  if (device < kMaxDevices && (*value = cached[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  if (cudaError_t status = cudaDeviceGetAttribute(value, kAttribute, device); status != cudaSuccess) return status;
-  if (device < kMaxDevices) cached[device].store(*value, std::memory_order_relaxed);
-  return cudaSuccess;
-}
 
 cudaError_t sm_count(int* count) { return device_attribute<cudaDevAttrMultiProcessorCount>(count); }
 
@@ -78,9 +67,9 @@ struct Instance {
   static void launch(const DecodeParams& p, int64_t splits, const DecodeTuning& tuning, Partials parts,
                      cudaStream_t stream) {
     const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest};
-    const unsigned split_dim = static_cast<unsigned>(splits);
-    const unsigned head_dim = static_cast<unsigned>(head_passes(p));
-    const dim3 grid(shape.heads_fastest ? head_dim : split_dim, shape.heads_fastest ? split_dim : head_dim,
+    const unsigned split_blocks = static_cast<unsigned>(splits);
+    const unsigned head_blocks = static_cast<unsigned>(head_passes(p));
+    const dim3 grid(shape.heads_fastest ? head_blocks : split_blocks, shape.heads_fastest ? split_blocks : head_blocks,
                     static_cast<unsigned>(p.batch));
     Kernel::function<<<grid, kThreads, kShared, stream>>>(p, shape, parts);
   }
@@ -181,7 +170,7 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
   // sm_89 stop at 99 KiB): there the shallower rows2 runs instead.
   DecodeTuning tuning = kDefaultDecodeTuning;
   int shared_limit = 0;
-  if (cudaError_t status = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&shared_limit);
+  if (cudaError_t status = cuda_kernels::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&shared_limit);
       status != cudaSuccess)
     return status;
   size_t shared_needed = 0;

@@ -126,11 +126,11 @@ def dispatch_file() -> str:
     return f"""{HEADER}// Only the launchers' declarations are seen here: every call below links to an instantiation file.
 #include "../hopper.h"
 
-#include <atomic>
 #include <cstdint>
 
 #include <cutlass/numeric_types.h>
 
+#include "../../device_attribute.h"
 #include "../backward_rows.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {{
@@ -145,19 +145,9 @@ namespace {{
 }}  // namespace
 
 bool device_supported() {{
-  // Asked on every launch: the answer is cached per device (0 unknown, 1 no, 2 yes).
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {{}};
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < kMaxDevices) {{
-    if (const int known = cached[device].load(std::memory_order_relaxed); known != 0) return known == 2;
-  }}
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
-  const bool supported = major == 9 && minor == 0;
-  if (device < kMaxDevices) cached[device].store(supported ? 2 : 1, std::memory_order_relaxed);
-  return supported;
+  int major = 0, minor = 0;  // asked on every launch: device_attribute serves them from its per-device cache
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(&major) == cudaSuccess &&
+         device_attribute<cudaDevAttrComputeCapabilityMinor>(&minor) == cudaSuccess && major == 9 && minor == 0;
 }}
 
 cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {{
