@@ -194,8 +194,8 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
-  // which at head dim 128 leaves the key-major consumers too few registers (ptxas then serializes the wgmma), so
-  // those issue the next scores only after the gradient GEMMs retired.
+  // which leaves too few registers (ptxas then serializes the wgmma) for the key-major consumers above head dim 64
+  // and every consumer at 256; those issue the next scores only after the gradient GEMMs retired.
   constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
   constexpr int kScoreGemms = kGradientA ? 2 : 1;
   auto issue_scores = [&](int stage) {
