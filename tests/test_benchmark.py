@@ -1,13 +1,15 @@
-"""The benchmark's own logic on the CPU: its correctness gate and the visible-work FLOP count it reports."""
+"""The benchmarks' own logic on the CPU: their correctness gates and the visible-work FLOP counts they report."""
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flash import benchmark
+from jax_flash import bench_segments, benchmark
 
 
 @pytest.mark.parametrize("heads_kv", [None, 2])
@@ -36,3 +38,46 @@ def test_visible_pairs_counts_the_mask(causal, window):
     visible = (j >= i - left) & (j <= i + (0 if causal else right))
     expected = visible.sum() if window else 50**2 / (2 if causal else 1)  # causal alone is counted as S^2 / 2
     assert case.visible_pairs() == pytest.approx(expected)
+
+
+def test_causal_visible_pairs_counts_each_document_alone():
+    # Documents of 1, 2 and 3 tokens: 1 + (1 + 2) + (1 + 2 + 3) query-key pairs under a causal mask.
+    assert bench_segments.causal_visible_pairs([1, 2, 3]) == 10
+    i, j = np.meshgrid(np.arange(6), np.arange(6), indexing="ij")
+    ids = bench_segments.segment_ids([1, 2, 3])[0]
+    assert ((j <= i) & (ids[i] == ids[j])).sum() == 10
+    assert bench_segments.causal_visible_pairs([6]) == 21
+
+
+def test_document_lengths_cover_the_row():
+    lengths = bench_segments.document_lengths(512, 8)
+    assert len(lengths) == 8 and lengths.sum() == 512 and lengths.min() >= 1
+    assert list(lengths) == list(bench_segments.document_lengths(512, 8))  # a fixed seed: the same row every run
+
+
+def test_bench_segments_cpu_grid(tmp_path):
+    out = tmp_path / "segments.json"
+    bench_segments.main(["--json", str(out), "--min-seconds", "0.01"])
+    result = json.loads(out.read_text())
+    grid = bench_segments.CPU_GRID
+    assert result["header"]["jax"] == jax.__version__ and sum(result["header"]["doc_lengths"]) == grid.seq
+    rows = result["rows"]
+    impls = ["jax_flash packed", "jax_flash dense causal", "jax_flash lengths"]
+    assert sorted((r["impl"], r["part"]) for r in rows) == sorted((i, p) for i in impls for p in ("fwd", "fwd+bwd"))
+    packed_pairs = bench_segments.causal_visible_pairs(result["header"]["doc_lengths"])
+    dense_pairs = grid.seq * (grid.seq + 1) // 2
+    for r in rows:
+        assert r["error"] is None and r["max_error"] <= 1e-4  # the correctness check passed
+        assert r["ms"] > 0 and r["ratio_to_dense"] > 0
+        pairs = dense_pairs if r["impl"] == "jax_flash dense causal" else packed_pairs
+        flops = 4 * r["heads"] * r["head_dim"] * pairs * (3.5 if r["part"] == "fwd+bwd" else 1)
+        assert r["tflops"] == pytest.approx(flops / (r["ms"] * 1e-3) / 1e12)
+
+
+def test_bench_segments_marks_a_wrong_answer(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_segments, "_implementations", lambda on_gpu: {
+        "returns q": ("packed", lambda q, k, v, ids: q)})
+    out = tmp_path / "segments.json"
+    bench_segments.main(["--json", str(out), "--parts", "fwd", "--min-seconds", "0.01"])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["error"].startswith("wrong") and row["max_error"] > 1e-4 and row["ms"] > 0

@@ -1,0 +1,229 @@
+"""Packed-documents benchmark: one row of causal documents of random lengths, beside dense causal attention.
+
+    python -m jax_flash.bench_segments [--json out.json] [--head-dims 64,128] [--parts fwd,fwd+bwd] [--min-seconds 0.2]
+
+On a GPU: bfloat16, one packed row of S = 16384 tokens holding 8 documents of random lengths (fixed seed, no
+padding), H * D = 2048. On the CPU: float32, S = 512, 3 documents, H * D = 64, so it runs in seconds. All in one
+process, on the same q/k/v:
+
+    jax_flash packed        the row with segment_ids (each document sees only itself, causally)
+    jax_flash dense causal  the same row as one causal sequence: the reference speed
+    cudnn lengths           (GPU) the documents as a padded batch [docs, max_len, H, D] with the *_seq_lengths
+    jax_flash lengths       the same padded batch through jax_flash
+
+TFLOP/s are counted on visible work only: forward 4 * H * D * (visible (query, key) pairs), forward+backward 3.5x
+that (benchmark.py's convention). A causal document of length L has L (L + 1) / 2 visible pairs, so the packed and
+padded layouts share one count and dense causal counts S (S + 1) / 2. Every implementation's forward is checked per
+document against the float32 reference before it is timed; a wrong answer is reported on its rows, not raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_flash
+from jax_flash.benchmark import _fwd_bwd, _time
+from jax_flash.reference import attention_reference
+
+
+class Grid(NamedTuple):
+    dtype: str
+    seq: int
+    docs: int
+    hidden: int  # heads * head_dim
+    head_dims: tuple[int, ...]
+
+
+GPU_GRID = Grid("bfloat16", 16384, 8, 2048, (64, 128))
+CPU_GRID = Grid("float32", 512, 3, 64, (32,))
+# benchmark._check's gates: a bfloat16 output keeps 8 significant bits, so rounding alone moves one near 2 by 8e-3.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
+DENSE = "jax_flash dense causal"
+
+
+def document_lengths(seq: int, docs: int, seed: int = 0) -> np.ndarray:
+    """`docs` lengths summing to `seq`, each >= 1: the row cut at docs - 1 distinct uniform points."""
+    cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, seq), size=docs - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [seq]]))
+
+
+def causal_visible_pairs(lengths) -> int:
+    """(query, key) pairs a causal mask lets through, summed over documents of these lengths."""
+    return int(sum(int(n) * (int(n) + 1) // 2 for n in lengths))
+
+
+def segment_ids(lengths) -> np.ndarray:
+    """[1, sum(lengths)] int32: token t's document number."""
+    return np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)[None]
+
+
+def to_padded_batch(x, lengths):
+    """[1, S, H, D] packed -> [docs, max(lengths), H, D], each document at the start of its row, zeros after."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    width = int(max(lengths))
+    rows = [jnp.pad(x[0, s:s + n], ((0, width - n), (0, 0), (0, 0))) for s, n in zip(starts, lengths)]
+    return jnp.stack(rows)
+
+
+class Layout(NamedTuple):
+    """An implementation's inputs: q, k, v and the mask operand passed to it as a jit argument (not a constant)."""
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array | None
+
+
+def _implementations(on_gpu: bool) -> dict:
+    """name -> (layout name, attend(q, k, v, mask) -> out)."""
+    def by_lengths(implementation):
+        def attend(q, k, v, lengths):
+            return implementation(q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
+        return attend
+
+    impls = {
+        "jax_flash packed": ("packed", lambda q, k, v, ids: jax_flash.dot_product_attention(
+            q, k, v, is_causal=True, segment_ids=ids)),
+        DENSE: ("dense", lambda q, k, v, _: jax_flash.dot_product_attention(q, k, v, is_causal=True)),
+    }
+    if on_gpu:
+        impls["cudnn lengths"] = ("padded", by_lengths(
+            lambda *args, **kwargs: jax.nn.dot_product_attention(*args, **kwargs, implementation="cudnn")))
+    impls["jax_flash lengths"] = ("padded", by_lengths(jax_flash.dot_product_attention))
+    return impls
+
+
+def _layouts(q, k, v, lengths) -> dict[str, Layout]:
+    padded = [to_padded_batch(x, lengths) for x in (q, k, v)]
+    return {"packed": Layout(q, k, v, jnp.asarray(segment_ids(lengths))),
+            "dense": Layout(q, k, v, None),
+            "padded": Layout(*padded, jnp.asarray(lengths, jnp.int32))}
+
+
+def _per_document(out, layout_name: str, lengths) -> list:
+    """The output's rows of each document: slices of the packed row, or each padded row's first L_i rows."""
+    if layout_name == "padded":
+        return [out[i, :n] for i, n in enumerate(lengths)]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return [out[0, s:s + n] for s, n in zip(starts, lengths)]
+
+
+def _document_references(q, k, v, lengths, heads: list[int]) -> list:
+    """Each document alone under a causal mask, in float32, on `heads` only: the reference materialises L x L logits
+    per head, and a head subset keeps that small at S = 16k while still catching a head mixed up with another."""
+    with jax.default_matmul_precision("highest"):  # XLA's default float32 matmuls on a GPU are TF32
+        return [attention_reference(*(x[:, heads].astype(jnp.float32)[None] for x in docs), scale=q.shape[-1] ** -0.5,
+                                    window_right=0)[0]
+                for docs in zip(*(_per_document(x, "packed", lengths) for x in (q, k, v)))]
+
+
+def _check(attend, layout: Layout, layout_name: str, lengths, references, heads, dtype: str):
+    """(max abs error over the documents, None or why the check failed)."""
+    out = jax.jit(attend)(layout.q, layout.k, layout.v, layout.mask)
+    docs = _per_document(out[..., heads, :].astype(jnp.float32), layout_name, lengths)
+    if layout_name == "dense":  # dense causal lets each document see its predecessors: only the first one matches
+        docs, references = docs[:1], references[:1]
+    err = max(float(jnp.max(jnp.abs(ours - ref))) for ours, ref in zip(docs, references))
+    if not err <= TOLERANCE[dtype]:
+        return err, f"wrong: max abs error {err:.3g} > {TOLERANCE[dtype]:g}"
+    return err, None
+
+
+def _timed(attend, layout: Layout, part: str, min_seconds: float) -> float:
+    if part == "fwd":
+        fn = jax.jit(attend)
+    else:
+        fn = jax.jit(lambda q, k, v, mask: _fwd_bwd(lambda q, k, v: attend(q, k, v, mask))(q, k, v))
+    return _time(fn, tuple(layout), min_seconds)
+
+
+def _error_text(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def run_head_dim(grid: Grid, head_dim: int, lengths, parts, min_seconds: float, impls: dict) -> list[dict]:
+    heads = grid.hidden // head_dim
+    keys = jax.random.split(jax.random.key(head_dim), 3)
+    q, k, v = (jax.random.normal(key, (1, grid.seq, heads, head_dim), grid.dtype) for key in keys)
+    layouts = _layouts(q, k, v, lengths)
+    checked_heads = sorted({0, heads - 1})
+    references = _document_references(q, k, v, lengths, checked_heads)
+    packed_flops = 4 * heads * head_dim * causal_visible_pairs(lengths)
+    dense_flops = 4 * heads * head_dim * causal_visible_pairs([grid.seq])
+    rows = []
+    for name, (layout_name, attend) in impls.items():
+        layout = layouts[layout_name]
+        try:
+            max_error, error = _check(attend, layout, layout_name, lengths, references, checked_heads, grid.dtype)
+        except Exception as e:  # a peer that refuses this layout (cudnn) is reported, not fatal
+            max_error, error = None, _error_text(e)
+        for part in parts:
+            row = dict(impl=name, part=part, head_dim=head_dim, heads=heads, seq=grid.seq, docs=len(lengths),
+                       ms=None, tflops=None, ratio_to_dense=None, max_error=max_error, error=error)
+            if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
+                try:
+                    seconds = _timed(attend, layout, part, min_seconds)
+                    flops = (dense_flops if name == DENSE else packed_flops) * (3.5 if part == "fwd+bwd" else 1)
+                    row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
+                except Exception as e:
+                    row.update(error=_error_text(e))
+            rows.append(row)
+    _add_ratios(rows)
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """ratio_to_dense: TFLOP/s over jax_flash dense causal's on the same part (issue 7's target: packed >= 0.9)."""
+    dense = {r["part"]: r["tflops"] for r in rows if r["impl"] == DENSE}
+    for r in rows:
+        if r["tflops"] is not None and dense.get(r["part"]):
+            r["ratio_to_dense"] = r["tflops"] / dense[r["part"]]
+
+
+def format_row(r: dict) -> str:
+    label = f"D={r['head_dim']:3d} H={r['heads']:3d} {r['part']:7s} {r['impl']:22s}"
+    if r["ms"] is None:
+        return f"{label} failed: {r['error']}"
+    ratio = f"{r['ratio_to_dense']:5.2f}x dense" if r["ratio_to_dense"] is not None else " " * 11
+    shown = f"{label} {r['ms']:9.3f} ms {r['tflops']:8.2f} TFLOP/s {ratio}  max err {r['max_error']:.1e}"
+    return shown + (f"  {r['error']}" if r["error"] else "")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the header and every row to this JSON file")
+    parser.add_argument("--head-dims", help="comma-separated head dims (default 64,128 on a GPU, 32 on the CPU)")
+    parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
+    parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
+    args = parser.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    grid = GPU_GRID if on_gpu else CPU_GRID
+    if args.head_dims:
+        grid = grid._replace(head_dims=tuple(int(d) for d in args.head_dims.split(",")))
+    lengths = document_lengths(grid.seq, grid.docs)
+    visible = causal_visible_pairs(lengths) / causal_visible_pairs([grid.seq])
+    header = dict(jax=jax.__version__, jax_flash=jax_flash.__version__, device=jax.devices()[0].device_kind,
+                  dtype=grid.dtype, seq=grid.seq, doc_lengths=[int(n) for n in lengths])
+    print(f"jax_flash {jax_flash.__version__} on {header['device']}, jax {jax.__version__}; {grid.dtype}, one row of "
+          f"S={grid.seq}, H*D={grid.hidden}; document lengths {header['doc_lengths']} "
+          f"({visible:.1%} of dense causal's visible pairs)", flush=True)
+    impls, parts = _implementations(on_gpu), args.parts.split(",")
+    rows = []
+    for head_dim in grid.head_dims:
+        head_rows = run_head_dim(grid, head_dim, lengths, parts, args.min_seconds, impls)
+        for r in sorted(head_rows, key=lambda r: parts.index(r["part"])):  # each part's implementations together
+            print(format_row(r), flush=True)
+        rows += head_rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(header=header, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
