@@ -28,6 +28,17 @@ struct AttentionMask {
   float softcap;  // logits s become softcap * tanh(s / softcap) when softcap > 0.
 };
 
+// What a run of kTokenChunk consecutive tokens of one batch row holds, over its live tokens (those below the
+// sequence length and the row's length): the range of their segment ids (0 when absent) and of their positions (the
+// token indices when absent); min > max when none is live. The CUDA launch summarizes every chunk once per call
+// (csrc/cuda/token_chunks.cu), and kernels classify a tile of tokens from its chunks instead of its ids.
+constexpr int64_t kTokenChunk = 32;
+
+struct alignas(16) TokenChunk {  // one 16-byte load
+  int32_t segment_min, segment_max;
+  int32_t position_min, position_max;
+};
+
 // Per-token visibility on top of the window, all int32. A null pointer means the input is absent, and the default
 // (all null) means dense attention. Query i of batch row b sees key j only when
 //   i < q_lengths[b], j < kv_lengths[b], q_segment_ids[b, i] == kv_segment_ids[b, j],
@@ -39,6 +50,9 @@ struct TokenMask {
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]
   const int32_t* q_positions = nullptr;     // [batch, seqlen_q]
   const int32_t* kv_positions = nullptr;    // [batch, seqlen_k]
+  // Set by the CUDA launch, not by the handlers: [batch, ceil(seqlen / kTokenChunk)] summaries of each side.
+  const TokenChunk* q_chunks = nullptr;
+  const TokenChunk* kv_chunks = nullptr;
 
   bool any() const {
     return q_lengths || kv_lengths || q_segment_ids || kv_segment_ids || q_positions || kv_positions;

@@ -10,11 +10,13 @@
 
 namespace jax_flash {
 
-// Returns the launch error (never synchronizes the stream).
-cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaStream_t stream);
+// Device scratch each direction needs, in bytes (the forward's only under a token mask); the caller allocates it
+// through XLA and passes it in, 16-byte aligned.
+size_t attention_forward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens);
+size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens);
 
-// Device scratch the backward needs, in bytes; the caller allocates it through XLA and passes it in.
-size_t attention_backward_workspace_bytes(const AttentionShape& shape);
+// Return the launch error (never synchronize the stream).
+cudaError_t launch_attention_forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
 cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 

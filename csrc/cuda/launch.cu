@@ -9,6 +9,7 @@
 #include "backward_delta.h"
 #include "kernel_choice.h"
 #include "tensor_core/tensor_core.h"
+#include "token_chunks.h"
 #if defined(JAX_FLASH_WITH_HOPPER)
 #include "hopper/hopper.h"
 #endif
@@ -26,23 +27,10 @@ bool supported(const AttentionShape& shape) {
          shape.head_dim <= 256 && shape.head_dim % 8 == 0;
 }
 
-}  // namespace
+// Where the token-mask chunk summaries start in a workspace that holds `kernel_bytes` of other scratch first.
+size_t chunks_offset(size_t kernel_bytes) { return (kernel_bytes + 255) / 256 * 256; }
 
-cudaError_t launch_attention_forward(const AttentionForwardParams& params, cudaStream_t stream) {
-  const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v);
-  if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
-  if (params.dtype == DType::kFloat32) return cuda_kernels::attention_forward_simple(params, stream);
-#if defined(JAX_FLASH_WITH_HOPPER)
-  // The Hopper kernels take what they have compiled; per-token masks and other head dims stay on sm80.
-  if (!params.tokens.any() && cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
-    const cudaError_t status = cuda_kernels::hopper::forward(params, stream);
-    if (status != cudaErrorNotSupported) return status;
-  }
-#endif
-  return cuda_kernels::tensor_core::forward(params, stream);
-}
-
-size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
+size_t backward_kernel_workspace_bytes(const AttentionShape& shape) {
   const size_t sm80_bytes = cuda_kernels::backward_delta_bytes(shape);
 #if defined(JAX_FLASH_WITH_HOPPER)
   // Sized at the handler before the kernel family is chosen, so enough for either.
@@ -53,12 +41,47 @@ size_t attention_backward_workspace_bytes(const AttentionShape& shape) {
 #endif
 }
 
-cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
-  const bool aligned = aligned_16(params.q) && aligned_16(params.k) && aligned_16(params.v) && aligned_16(params.dout);
-  if (!supported(params.shape) || !aligned) return cudaErrorInvalidValue;
-  if (params.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(params, workspace, stream);
+}  // namespace
+
+size_t attention_forward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
+  return cuda_kernels::token_chunks_bytes(shape, tokens);
+}
+
+size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
+  const size_t chunk_bytes = cuda_kernels::token_chunks_bytes(shape, tokens);
+  const size_t kernel_bytes = backward_kernel_workspace_bytes(shape);
+  return chunk_bytes > 0 ? chunks_offset(kernel_bytes) + chunk_bytes : kernel_bytes;
+}
+
+cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* workspace, cudaStream_t stream) {
+  const bool aligned = aligned_16(call.q) && aligned_16(call.k) && aligned_16(call.v);
+  if (!supported(call.shape) || !aligned) return cudaErrorInvalidValue;
+  if (call.dtype == DType::kFloat32) return cuda_kernels::attention_forward_simple(call, stream);
+  AttentionForwardParams params = call;
+  if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, workspace, stream);
+      status != cudaSuccess)
+    return status;
 #if defined(JAX_FLASH_WITH_HOPPER)
-  if (!params.tokens.any() && cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
+  // The Hopper kernels take what they have compiled; other head dims stay on sm80.
+  if (cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
+    const cudaError_t status = cuda_kernels::hopper::forward(params, stream);
+    if (status != cudaErrorNotSupported) return status;
+  }
+#endif
+  return cuda_kernels::tensor_core::forward(params, stream);
+}
+
+cudaError_t launch_attention_backward(const AttentionBackwardParams& call, void* workspace, cudaStream_t stream) {
+  const bool aligned = aligned_16(call.q) && aligned_16(call.k) && aligned_16(call.v) && aligned_16(call.dout);
+  if (!supported(call.shape) || !aligned) return cudaErrorInvalidValue;
+  if (call.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(call, workspace, stream);
+  AttentionBackwardParams params = call;
+  void* chunks = static_cast<char*>(workspace) + chunks_offset(backward_kernel_workspace_bytes(params.shape));
+  if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, chunks, stream);
+      status != cudaSuccess)
+    return status;
+#if defined(JAX_FLASH_WITH_HOPPER)
+  if (cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
     const cudaError_t status = cuda_kernels::hopper::backward(params, workspace, stream);
     if (status != cudaErrorNotSupported) return status;
   }

@@ -7,6 +7,7 @@
 #include "../cuda/attention_cuda.h"
 #include "attention_operands.h"
 #include "handlers.h"
+#include "scratch.h"
 
 namespace jax_flash {
 namespace {
@@ -22,13 +23,18 @@ ffi::Error launch_status(const char* what, cudaError_t status) {
   return ffi::Error::Internal(std::string("jax_flash: ") + what + " failed: " + cudaGetErrorString(status));
 }
 
-ffi::Error forward_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                        ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> out,
+ffi::Error forward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::Buffer<ffi::F32>> lse, AttentionAttrs attrs) {
   AttentionForwardParams params{};
   if (auto error = decode_forward(kCudaLimits, q, k, v, tokens, *out, *lse, attrs, &params); error.failure())
     return error;
-  return launch_status("attention forward launch", launch_attention_forward(params, stream));
+  void* workspace;
+  if (auto error = allocate_scratch(scratch, attention_forward_workspace_bytes(params.shape, params.tokens),
+                                    "forward workspace", &workspace);
+      error.failure())
+    return error;
+  return launch_status("attention forward launch", launch_attention_forward(params, workspace, stream));
 }
 
 ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer dout, ffi::AnyBuffer q,
@@ -39,24 +45,21 @@ ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi
   if (auto error = decode_backward(kCudaLimits, dout, q, k, v, out, lse, tokens, *dq, *dk, *dv, attrs, &params);
       error.failure())
     return error;
-  const size_t workspace_bytes = attention_backward_workspace_bytes(params.shape);
-  void* workspace = nullptr;
-  if (workspace_bytes > 0) {
-    auto allocation = scratch.Allocate(workspace_bytes);
-    if (!allocation.has_value())
-      return ffi::Error::Internal("jax_flash: could not allocate " + std::to_string(workspace_bytes) +
-                                  " bytes of backward workspace");
-    workspace = *allocation;
-  }
+  void* workspace;
+  if (auto error = allocate_scratch(scratch, attention_backward_workspace_bytes(params.shape, params.tokens),
+                                    "backward workspace", &workspace);
+      error.failure())
+    return error;
   return launch_status("attention backward launch", launch_attention_backward(params, workspace, stream));
 }
 
 }  // namespace
 }  // namespace jax_flash
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    jax_flash_attention_forward_cuda, jax_flash::forward_cuda,
-    jax_flash::bind_forward_operands(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_forward_cuda, jax_flash::forward_cuda,
+                              jax_flash::bind_forward_operands(xla::ffi::Ffi::Bind()
+                                                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                                                   .Ctx<xla::ffi::ScratchAllocator>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_backward_cuda, jax_flash::backward_cuda,
                               jax_flash::bind_backward_operands(xla::ffi::Ffi::Bind()
                                                                     .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()

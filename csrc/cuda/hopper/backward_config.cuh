@@ -67,6 +67,7 @@ struct BackwardConfig : WarpRoles<kResident_ / 64> {
     uint64_t resident_full;
     uint64_t full[kStages];
     uint64_t empty[kStages];
+    int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

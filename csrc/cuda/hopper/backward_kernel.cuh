@@ -5,7 +5,9 @@
 //   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles.
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
-// they add nothing to the stored gradients and need no mask.
+// they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
+// and announces each with a ticket (tile_tickets.cuh): a dense range, or under a token mask the non-empty tiles of a
+// walk over the per-call chunk summaries, partial ones marked for an element mask.
 #pragma once
 
 #include <cmath>
@@ -22,6 +24,8 @@
 #include "tile_mask.cuh"
 #include "forward_kernel.cuh"
 #include "online_softmax.cuh"
+#include "tile_tickets.cuh"
+#include "token_entries.cuh"
 #include "warpgroup_gemm.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
@@ -44,6 +48,8 @@ struct BackwardKernelParams {
   void* grad_b;  // dV (key-major)
   int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
   AttentionMask mask;
+  TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
+  bool has_tokens;
   float scale;
   float scale_log2;
 };
@@ -75,8 +81,7 @@ struct StreamedWalk {
 
 template <bool kKeyMajor, class Config>
 __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
-                                 int resident_block, int head, int batch,
-                                 const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed>& walk) {
+                                 int resident_block, int head, int batch) {
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
   Tensor sRa = make_tensor(make_smem_ptr(smem.resident_a.data()), take<0, 2>(typename Config::ResidentLayout{}));
   Tensor sRb = make_tensor(make_smem_ptr(smem.resident_b.data()), take<0, 2>(typename Config::ResidentLayout{}));
@@ -87,13 +92,15 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
     return local_tile(tma.get_tma_tensor(p.shape_resident)(_, _, head, batch),
                       Shape<Int<kResident>, Int<kHeadDim>>{}, make_coord(resident_block, _0{}));
   };
-  auto [tRgA, tRsA] = tma_partition(p.tma_resident_a, _0{}, Layout<_1>{}, group_modes<0, 2>(sRa),
-                                    group_modes<0, 2>(resident_tile(p.tma_resident_a)));
-  auto [tRgB, tRsB] = tma_partition(p.tma_resident_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sRb),
-                                    group_modes<0, 2>(resident_tile(p.tma_resident_b)));
-  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.resident_full, 2 * Config::kResidentBytes);
-  copy(p.tma_resident_a.with(smem.resident_full), tRgA, tRsA);
-  copy(p.tma_resident_b.with(smem.resident_full), tRgB, tRsB);
+  auto load_resident = [&] {
+    auto [tRgA, tRsA] = tma_partition(p.tma_resident_a, _0{}, Layout<_1>{}, group_modes<0, 2>(sRa),
+                                      group_modes<0, 2>(resident_tile(p.tma_resident_a)));
+    auto [tRgB, tRsB] = tma_partition(p.tma_resident_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sRb),
+                                      group_modes<0, 2>(resident_tile(p.tma_resident_b)));
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.resident_full, 2 * Config::kResidentBytes);
+    copy(p.tma_resident_a.with(smem.resident_full), tRgA, tRsA);
+    copy(p.tma_resident_b.with(smem.resident_full), tRgB, tRsB);
+  };
 
   const auto stats_layout = make_layout(Shape<Int<kStreamed>, Int<Config::kStages>>{});  // [stage][row]
   Tensor sLse = make_tensor(make_smem_ptr(&smem.lse[0][0]), stats_layout);
@@ -101,10 +108,11 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   constexpr uint32_t kStepBytes = 2 * Config::kStreamedBytes + (kKeyMajor ? 2 * Config::kStatsBytes : 0);
   int stage = 0;
   uint32_t phase = 1;  // a fresh "empty" barrier counts as released once
-  for (int step = 0; step < walk.steps(); ++step) {
-    const int tile = walk.tile(step);
+  // One ring stage: the streamed tile of the KV group's query head `head_offset` (key-major), or of the KV head.
+  auto load_step = [&](int head_offset, TileTicket ticket) {
+    const int tile = ticket.tile();
     // Key-major CTAs read the query heads head * group + g; query-major ones the KV head head / group.
-    const int streamed_head = kKeyMajor ? head * p.group + walk.head_offset(step) : head / p.group;
+    const int streamed_head = kKeyMajor ? head * p.group + head_offset : head / p.group;
     auto streamed_tile = [&](auto const& tma) {
       return local_tile(tma.get_tma_tensor(p.shape_streamed)(_, _, streamed_head, batch),
                         Shape<Int<kStreamed>, Int<kHeadDim>>{}, make_coord(tile, _0{}));
@@ -114,6 +122,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
     auto [tSgB, tSsB] = tma_partition(p.tma_streamed_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sSb),
                                       group_modes<0, 2>(streamed_tile(p.tma_streamed_b)));
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+    ticket.post(&smem.tickets[stage]);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], kStepBytes);
     copy(p.tma_streamed_a.with(smem.full[stage]), tSgA, tSsA(_, stage));
     copy(p.tma_streamed_b.with(smem.full[stage]), tSgB, tSsB(_, stage));
@@ -131,14 +140,69 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       stage = 0;
       phase ^= 1;
     }
+  };
+  auto post_no_tiles = [&] {
+    TileTicket::none().post(&smem.tickets[0]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.full[0]);
+  };
+
+  const bool leader = threadIdx.x == 0;
+  const int resident_begin = resident_block * kResident;
+  const int resident_end = min(resident_begin + kResident, kKeyMajor ? p.seqlen_k : p.seqlen_q);
+  if (!p.has_tokens) {
+    if (!leader) return;
+    const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, resident_end, p.seqlen_q,
+                                                             p.seqlen_k, p.group);
+    if (walk.steps() == 0) return post_no_tiles();
+    load_resident();
+    for (int step = 0; step < walk.steps(); ++step) {
+      const int tile = walk.tile(step);
+      const int query_begin = kKeyMajor ? tile * kStreamed : resident_begin;
+      const int key_begin = kKeyMajor ? resident_begin : tile * kStreamed;
+      const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
+      // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
+      const bool straddles =
+          (!kKeyMajor && key_end > p.seqlen_k) ||
+          !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident), key_begin,
+                              key_end);
+      load_step(walk.head_offset(step), TileTicket::make(tile, step + 1 == walk.steps(),
+                                                         straddles ? TileMasking::kWindow : TileMasking::kNone));
+    }
+    return;
+  }
+  // Under a token mask the window applies to positions, so every streamed tile is a candidate. A key-major CTA walks
+  // the same query tiles once per query head of its KV group.
+  const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
+  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end,
+                                     kKeyMajor ? query_row : key_row, kStreamed, !kKeyMajor};
+  const int tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
+  const int heads = kKeyMajor ? p.group : 1;
+  tensor_core::TileWalk walk;
+  int n = walk.first_visible(0, tiles_end, sides, p.mask);
+  if (n == tiles_end) {
+    if (leader) post_no_tiles();
+    return;
+  }
+  if (leader) load_resident();
+  for (int head_offset = 0;;) {
+    const bool full = walk.full(n);  // before the next search moves the walk's window
+    int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
+    int next_head_offset = head_offset;
+    if (next == tiles_end && head_offset + 1 < heads) {
+      next_head_offset = head_offset + 1;
+      next = walk.first_visible(0, tiles_end, sides, p.mask);
+    }
+    const bool last = next == tiles_end;
+    if (leader) load_step(head_offset, TileTicket::make(n, last, full ? TileMasking::kNone : TileMasking::kTokens));
+    if (last) return;
+    n = next;
+    head_offset = next_head_offset;
   }
 }
 
 template <BackwardRole kRole, class Config>
 __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
-                                 int resident_block, int head, int batch,
-                                 const StreamedWalk<kKeyMajorRole<kRole>, Config::kResident, Config::kStreamed>& walk,
-                                 int thread) {
+                                 int resident_block, int head, int batch, int thread) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   // gradient A is dK or dQ (needs dS, hence dP); gradient B is dV (needs only P).
   constexpr bool kGradientA = kRole != BackwardRole::kValues;
@@ -170,6 +234,10 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor tP = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
   Tensor tdS = make_tensor<Element>(accumulator_as_operand_a(tS.layout()));
   Tensor coords = thread_scores.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kStreamed>>{}));
+  // (rows, columns) views of the score tiles, for the token element mask.
+  Tensor coord_rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
+  Tensor score_rows = make_tensor(tS.data(), accumulator_rows(tS.layout()));
+  Tensor score_gradient_rows = make_tensor(tdP.data(), accumulator_rows(tdP.layout()));
   if constexpr (kGradientA) clear(tGradA);
   if constexpr (kGradientB) clear(tGradB);
 
@@ -179,18 +247,16 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // Query-major rows keep their lse and delta in registers; key-major ones read theirs per streamed tile.
   float row_lse[2] = {0.f, 0.f}, row_delta[2] = {0.f, 0.f};
   if constexpr (!kKeyMajor) {
-    Tensor rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
     const int64_t base = (int64_t(batch) * p.heads_q + head) * p.padded_seqlen_q;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      const int row = resident_begin + get<0>(rows(r, 0));
+      const int row = resident_begin + get<0>(coord_rows(r, 0));
       row_lse[r] = p.lse_log2[base + row];
       row_delta[r] = p.delta[base + row];
     }
   }
 
   const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
-  Barrier::wait(&smem.resident_full, 0);
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
@@ -204,27 +270,25 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   };
   int stage = 0;
   uint32_t phase = 0;
-  if (kPipelined && walk.steps() > 0) {
-    Barrier::wait(&smem.full[0], 0);
-    issue_scores(0);
+  auto wait_for_ticket = [&] {  // the next stage's loads have landed: what do they hold?
+    Barrier::wait(&smem.full[stage], phase);
+    return TileTicket::read(&smem.tickets[stage]);
+  };
+  TileTicket ticket = wait_for_ticket();
+  if (!ticket.is_none()) {
+    Barrier::wait(&smem.resident_full, 0);
+    if constexpr (kPipelined) issue_scores(stage);
   }
-  for (int step = 0; step < walk.steps(); ++step) {
-    if constexpr (!kPipelined) {
-      Barrier::wait(&smem.full[stage], phase);
-      issue_scores(stage);
-    }
+  while (!ticket.is_none()) {
+    if constexpr (!kPipelined) issue_scores(stage);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tS);
     warpgroup_fence_operand(tdP);
 
-    const int streamed_begin = walk.tile(step) * kStreamed;
+    const int streamed_begin = ticket.tile() * kStreamed;
     const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
     const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
-    const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
-    // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
-    const bool straddles = (!kKeyMajor && key_end > p.seqlen_k) ||
-                           !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident),
-                                               key_begin, key_end);
+    const bool straddles = ticket.masking() == TileMasking::kWindow;
     const TileMask tile_mask(p.mask, p.seqlen_k, query_begin, key_begin);
     // P and dS elementwise. The soft-cap choice is made once per tile, outside the unrolled loop, and the mask test
     // is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a division per
@@ -255,6 +319,14 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     } else {
       probabilities_and_score_gradients(cute::false_type{});
     }
+    if (ticket.masking() == TileMasking::kTokens) {
+      const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
+      const uint64_t visible = visible_token_entries<kKeyMajor>(
+          coord_rows, kKeyMajor ? key_row : query_row, resident_begin, kKeyMajor ? query_row : key_row,
+          streamed_begin, p.mask);
+      hide_entries(score_rows, visible, 0.f);
+      if constexpr (kGradientA) hide_entries(score_gradient_rows, visible, 0.f);
+    }
     if constexpr (kGradientB) {
       convert_fragment(tS, tP);
       warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
@@ -268,14 +340,15 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       stage = 0;
       phase ^= 1;
     }
-    if (kPipelined && step + 1 < walk.steps()) {
-      Barrier::wait(&smem.full[stage], phase);
+    const TileTicket next = ticket.last() ? TileTicket::none() : wait_for_ticket();
+    if (kPipelined && !next.is_none()) {
       issue_scores(stage);
       warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
     } else {
       warpgroup_wait<0>();
     }
     Barrier::arrive(&smem.empty[this_stage]);
+    ticket = next;
   }
   if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
   if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
@@ -308,12 +381,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
   const int resident_block = blockIdx.x;
   const int head = blockIdx.y, batch = blockIdx.z;  // a KV head when key-major
-  const int resident_begin = resident_block * Config::kResident;
-  const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
-  const StreamedWalk<kKeyMajor, Config::kResident, Config::kStreamed> walk(
-      p.mask, resident_begin, min(resident_begin + Config::kResident, resident_rows), p.seqlen_q, p.seqlen_k,
-      p.group);
-
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&smem.resident_full, 1);
     for (int s = 0; s < Config::kStages; ++s) {
@@ -326,10 +393,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (threadIdx.x / 128 == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch, walk);
+    if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume_backward<kRole, Config>(p, smem, resident_block, head, batch, walk, threadIdx.x - 128);
+    consume_backward<kRole, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
   }
 }
 

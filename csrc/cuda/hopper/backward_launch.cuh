@@ -57,6 +57,8 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   p.head_dim = int(s.head_dim);
   p.padded_seqlen_q = int(padded);
   p.mask = params.mask;
+  p.tokens = params.tokens;
+  p.has_tokens = params.tokens.any();
   p.scale = params.scale;
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
 

@@ -17,14 +17,19 @@ namespace jax_flash::cuda_kernels::hopper {
 
 using namespace cute;
 
+// Registers of the producer warpgroup (tiles.cuh): up to head dim 128 the consumers run without spills at 232, so the
+// token walk gets 40; at 256 the consumers' output tile needs 240, and the walk spills a few values to L1 instead.
+template <int kHeadDim>
+inline constexpr int kForwardProducerRegisters = kHeadDim <= 128 ? 40 : 24;
+
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
-struct ForwardConfig : WarpRoles<kBlockM_ / 64> {
+struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  using Roles = WarpRoles<kBlockM_ / 64>;
+  using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>>;
   using Roles::kConsumerWarpgroups;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows need head_dim in multiples of 64 elements");
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0);
@@ -59,6 +64,7 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64> {
     uint64_t k_empty[kStages];
     uint64_t v_full[kStages];
     uint64_t v_empty[kStages];
+    int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

@@ -2,8 +2,10 @@
 // key/value tiles into a ring of kStages buffers, each guarded by a "full" mbarrier (TMA bytes landed) and an
 // "empty" one (every consumer thread is done reading). The consumer warpgroups each own 64 query rows and run
 //   S_j = Q K_j^T  (wgmma, async)  |  O += P_{j+1} V_{j+1}  (wgmma, async)  |  softmax(S_j) while the latter runs,
-// walking key tiles from the last to the first, so the tiles that need element masks (sequence end, causal
-// diagonal) come first and the rest of the loop runs unmasked.
+// over the key tiles the producer picks and announces per stage (tile_tickets.cuh). Without a token mask it walks them
+// from the last to the first, so the tiles that need element masks (sequence end, causal diagonal) come first; under
+// a token mask (lengths, segment ids, positions) its warp classifies key tiles 32 at a time from the per-call chunk
+// summaries (token_tiles.cuh), loads only the non-empty ones and marks the partial ones for an element mask.
 #pragma once
 
 #include <cmath>
@@ -18,6 +20,8 @@
 #include "forward_config.cuh"
 #include "accumulator_store.cuh"
 #include "online_softmax.cuh"
+#include "tile_tickets.cuh"
+#include "token_entries.cuh"
 #include "warpgroup_gemm.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
@@ -33,6 +37,8 @@ struct ForwardKernelParams {
   float* lse;  // [batch, heads_q, seqlen_q]
   int seqlen_q, seqlen_k, heads_q, group, head_dim;
   AttentionMask mask;
+  TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
+  bool has_tokens;
   float scale;
   float scale_log2;  // of the score that reaches the softmax: scale * log2(e), or log2(e) after a softcap
   bool heaviest_first;  // launch query tiles in reverse (the last ones see the most keys under a causal mask)
@@ -73,9 +79,24 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(const AttentionMask& mask,
   return {static_cast<int>(key_begin / kBlockN), static_cast<int>((key_end + kBlockN - 1) / kBlockN)};
 }
 
+// The query rows' and keys' token inputs of one batch row (token_tiles.cuh).
+template <class Params>
+__device__ __forceinline__ TokenRow query_tokens(const Params& p, int batch) {
+  return tensor_core::token_row(p.tokens.q_lengths, p.tokens.q_segment_ids, p.tokens.q_positions, p.tokens.q_chunks,
+                                p.seqlen_q, batch);
+}
+
+template <class Params>
+__device__ __forceinline__ TokenRow key_tokens(const Params& p, int batch) {
+  return tensor_core::token_row(p.tokens.kv_lengths, p.tokens.kv_segment_ids, p.tokens.kv_positions,
+                                p.tokens.kv_chunks, p.seqlen_k, batch);
+}
+
+// Run by the producer warpgroup's first warp: lane 0 issues the loads, and under a token mask every lane helps
+// classify key tiles.
 template <class Config>
 __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int m_block,
-                        int head, int batch, KeyTiles tiles) {
+                        int head, int batch) {
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
@@ -87,16 +108,27 @@ __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::S
                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   Tensor gV = local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, head_kv, batch),
                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  auto q_copy = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  Tensor tQgQ = get<0>(q_copy);
+  Tensor tQsQ = get<1>(q_copy);
+  auto k_copy = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  Tensor tKgK = get<0>(k_copy);
+  Tensor tKsK = get<1>(k_copy);
+  auto v_copy = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  Tensor tVgV = get<0>(v_copy);
+  Tensor tVsV = get<1>(v_copy);
 
-  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
-  copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+  const bool leader = threadIdx.x == 0;
   int stage = 0;
   uint32_t phase = 1;  // a fresh "empty" barrier counts as released once
-  for (int n = tiles.end - 1; n >= tiles.begin; --n) {
+  auto load_query = [&] {
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
+    copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+  };
+  auto load_keys_and_values = [&](TileTicket ticket) {
+    const int n = ticket.tile();
     cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], phase);
+    ticket.post(&smem.tickets[stage]);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
     copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, n), tKsK(_, stage));
     cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], phase);
@@ -106,6 +138,43 @@ __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::S
       stage = 0;
       phase ^= 1;
     }
+  };
+  auto post_no_tiles = [&] {
+    TileTicket::none().post(&smem.tickets[0]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.k_full[0]);
+  };
+
+  const int row_begin = m_block * kBlockM;
+  const int row_end = min(row_begin + kBlockM, p.seqlen_q);
+  if (!p.has_tokens) {
+    if (!leader) return;
+    const KeyTiles tiles = visible_key_tiles<kBlockN>(p.mask, row_begin, row_end, p.seqlen_k);
+    if (tiles.end <= tiles.begin) return post_no_tiles();
+    load_query();
+    for (int n = tiles.end - 1; n >= tiles.begin; --n) {
+      const int key_begin = n * kBlockN;
+      const bool straddles = key_begin + kBlockN > p.seqlen_k ||
+                             !tile_inside_window(p.mask, row_begin, row_end, key_begin, key_begin + kBlockN);
+      load_keys_and_values(
+          TileTicket::make(n, n == tiles.begin, straddles ? TileMasking::kWindow : TileMasking::kNone));
+    }
+    return;
+  }
+  // The window applies to positions here, so every key tile is a candidate; the walk skips the empty ones.
+  const tensor_core::WalkSides sides{query_tokens(p, batch), row_begin, row_end, key_tokens(p, batch), kBlockN, true};
+  const int tiles_end = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  tensor_core::TileWalk walk;
+  int n = walk.first_visible(0, tiles_end, sides, p.mask);
+  if (n == tiles_end) {
+    if (leader) post_no_tiles();
+    return;
+  }
+  if (leader) load_query();
+  while (n < tiles_end) {
+    const bool full = walk.full(n);  // before the next search moves the walk's window
+    const int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
+    if (leader) load_keys_and_values(TileTicket::make(n, next == tiles_end, full ? TileMasking::kNone : TileMasking::kTokens));
+    n = next;
   }
 }
 
@@ -122,9 +191,27 @@ struct RingCursor {
   }
 };
 
+// Rows of a query tile that sees no key: output 0 and lse -inf, written by the consumers without touching the
+// ring.
+template <class Config>
+__device__ void write_empty_rows(const ForwardKernelParams<Config>& p, int m_block, int head, int batch,
+                                 int thread) {
+  using Element = typename Config::Element;
+  const int row_begin = m_block * Config::kBlockM;
+  const int rows = min(Config::kBlockM, p.seqlen_q - row_begin);
+  auto* out = static_cast<Element*>(p.out);
+  for (int i = thread; i < rows * p.head_dim; i += Config::kConsumerThreads) {
+    const int row = row_begin + i / p.head_dim;
+    out[((int64_t(batch) * p.seqlen_q + row) * p.heads_q + head) * p.head_dim + i % p.head_dim] = Element(0.f);
+  }
+  for (int i = thread; i < rows; i += Config::kConsumerThreads) {
+    p.lse[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + row_begin + i] = -INFINITY;
+  }
+}
+
 template <class Config>
 __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int m_block,
-                        int head, int batch, KeyTiles tiles, int thread) {
+                        int head, int batch, int thread) {
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -149,10 +236,9 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   constexpr int kRows = decltype(size<0>(scores))::value;
 
   const int row_begin = m_block * kBlockM;
-  const int row_end = min(row_begin + kBlockM, p.seqlen_q);
 
-  // Raw scores of key tile n, soft-capped, with invisible keys at -inf where the tile straddles a boundary.
-  auto prepare_scores = [&](int n) {
+  // Raw scores of the ticket's key tile, soft-capped, with invisible keys at -inf where the ticket asks for a mask.
+  auto prepare_scores = [&](TileTicket ticket) {
     if (p.mask.softcap > 0.f) {
       const float inverse_cap = p.scale / p.mask.softcap;
       CUTE_UNROLL
@@ -160,10 +246,8 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
         tSrS(i) = p.mask.softcap * tensor_core::tanh_fast(tSrS(i) * inverse_cap);
       }
     }
-    const int key_begin = n * kBlockN;
-    const bool straddles = key_begin + kBlockN > p.seqlen_k ||
-                           !tile_inside_window(p.mask, row_begin, row_end, key_begin, key_begin + kBlockN);
-    if (straddles) {
+    const int key_begin = ticket.tile() * kBlockN;
+    if (ticket.masking() == TileMasking::kWindow) {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(scores); ++r) {
         CUTE_UNROLL
@@ -173,6 +257,10 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
           if (key >= p.seqlen_k || !key_visible(p.mask, row, key)) scores(r, c) = -INFINITY;
         }
       }
+    } else if (ticket.masking() == TileMasking::kTokens) {
+      const uint64_t visible = visible_token_entries<false>(score_rc, query_tokens(p, batch), row_begin,
+                                                            key_tokens(p, batch), key_begin, p.mask);
+      hide_entries(scores, visible, -INFINITY);
     }
   };
   auto to_operand = [&]() { convert_fragment(tSrS, tOrP); };
@@ -182,12 +270,13 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   clear(tOrO);
   RingCursor<Config::kStages> k_cursor, v_cursor;
 
+  Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
+  TileTicket ticket = TileTicket::read(&smem.tickets[k_cursor.stage]);
+  if (ticket.is_none()) return write_empty_rows<Config>(p, m_block, head, batch, thread);
   const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
   turns.start();
   Barrier::wait(&smem.q_full, 0);
-  // The first (last-in-sequence) tile: its scores alone, no P V in flight yet.
-  int n = tiles.end - 1;
-  Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
+  // The first tile: its scores alone, no P V in flight yet.
   turns.wait_mine();
   warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
   turns.pass();
@@ -195,12 +284,13 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   warpgroup_fence_operand(tSrS);
   Barrier::arrive(&smem.k_empty[k_cursor.stage]);
   k_cursor.advance();
-  prepare_scores(n);
+  prepare_scores(ticket);
   softmax.update(scores, rescale);
   to_operand();
 
-  for (--n; n >= tiles.begin; --n) {
+  while (!ticket.last()) {
     Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
+    ticket = TileTicket::read(&smem.tickets[k_cursor.stage]);
     Barrier::wait(&smem.v_full[v_cursor.stage], v_cursor.phase);
     turns.wait_mine();
     warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
@@ -210,7 +300,7 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
     warpgroup_fence_operand(tSrS);
     Barrier::arrive(&smem.k_empty[k_cursor.stage]);
     k_cursor.advance();
-    prepare_scores(n);
+    prepare_scores(ticket);
     softmax.update(scores, rescale);
     warpgroup_wait<0>();  // P V done: its V buffer and the P registers are free again
     warpgroup_fence_operand(tOrO);
@@ -249,23 +339,6 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   }
 }
 
-// Rows of a query tile that sees no key: output 0 and lse -inf, written by the consumers without touching the ring.
-template <class Config>
-__device__ void write_empty_rows(const ForwardKernelParams<Config>& p, int m_block, int head, int batch,
-                                 int thread) {
-  using Element = typename Config::Element;
-  const int row_begin = m_block * Config::kBlockM;
-  const int rows = min(Config::kBlockM, p.seqlen_q - row_begin);
-  auto* out = static_cast<Element*>(p.out);
-  for (int i = thread; i < rows * p.head_dim; i += Config::kConsumerThreads) {
-    const int row = row_begin + i / p.head_dim;
-    out[((int64_t(batch) * p.seqlen_q + row) * p.heads_q + head) * p.head_dim + i % p.head_dim] = Element(0.f);
-  }
-  for (int i = thread; i < rows; i += Config::kConsumerThreads) {
-    p.lse[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + row_begin + i] = -INFINITY;
-  }
-}
-
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     forward_kernel(CUTE_GRID_CONSTANT const ForwardKernelParams<Config> p) {
@@ -273,11 +346,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
   const int m_block = p.heaviest_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int row_begin = m_block * Config::kBlockM;
-  const KeyTiles tiles = visible_key_tiles<Config::kBlockN>(
-      p.mask, row_begin, min(row_begin + Config::kBlockM, p.seqlen_q), p.seqlen_k);
-  const bool any_key = tiles.end > tiles.begin;
-
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
@@ -296,15 +364,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x == 0 && any_key) produce<Config>(p, smem, m_block, head, batch, tiles);
+    if (threadIdx.x < 32) produce<Config>(p, smem, m_block, head, batch);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    const int thread = threadIdx.x - 128;
-    if (any_key) {
-      consume<Config>(p, smem, m_block, head, batch, tiles, thread);
-    } else {
-      write_empty_rows<Config>(p, m_block, head, batch, thread);
-    }
+    consume<Config>(p, smem, m_block, head, batch, threadIdx.x - 128);
   }
 }
 

@@ -38,6 +38,8 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
   p.group = int(s.group());
   p.head_dim = int(s.head_dim);
   p.mask = params.mask;
+  p.tokens = params.tokens;
+  p.has_tokens = params.tokens.any();
   p.scale = params.scale;
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
   p.heaviest_first = params.mask.window_right >= 0;

@@ -36,16 +36,20 @@ template <class Tiles, int kRows, int kHeadDim, int kStages>
 using TransposedTiles = decltype(composition(
     Tiles{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
-// A producer warpgroup (TMA only) and kConsumerWarpgroups of 64 rows each. setmaxnreg moves the producer's registers
-// to the consumers; the sum over the CTA must stay within the 64K-register file for one CTA per SM.
-template <int kConsumerWarpgroups_>
+// A producer warpgroup (TMA, and under a token mask the tile walk) and kConsumerWarpgroups of 64 rows each.
+// setmaxnreg moves the producer's registers to the consumers; the sum over the CTA stays within what the launch
+// gives it (per thread 65536 / kThreads, rounded down to a multiple of 8). The token walk needs more than 24
+// producer registers to run without spills; configurations whose consumers can spare 8 give it 40.
+template <int kConsumerWarpgroups_, int kProducerRegisters_ = 24>
 struct WarpRoles {
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = kConsumerThreads + 128;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536);
+  static constexpr int kProducerRegisters = kProducerRegisters_;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8 * kThreads;
+  static constexpr int kConsumerRegisters =
+      kConsumerWarpgroups == 2 ? (kLaunchRegisters - 128 * kProducerRegisters) / kConsumerThreads / 8 * 8 : 160;
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= kLaunchRegisters);
 };
 
 }  // namespace jax_flash::cuda_kernels::hopper

@@ -2,10 +2,12 @@
 //
 // A kernel block owns one tile of tokens (query rows, or keys for dk/dv) and walks the tiles of the other side. Under
 // a TokenMask each tile is summarized by the range of its live tokens (below the sequence and the length) and the
-// ranges of their segment ids and positions; from two summaries a (query tile, key tile) pair is empty (skipped: not
+// ranges of their segment ids and positions, read from the per-call chunk summaries (token_chunks.h); from two
+// summaries a (query tile, key tile) pair is empty (skipped: not
 // loaded, no MMA), full (every pair visible: no element mask) or partial (masked element by element by
 // token_visible's rule). The walked side is classified 32 tiles at a time, a tile per lane, and a ballot hands the
-// warp every lane's answer, so the search for the next non-empty tile costs one pass over the ids per 32 tiles.
+// warp every lane's answer, so the search for the next non-empty tile costs a few 16-byte loads per lane per 32
+// tiles.
 #pragma once
 
 #include <climits>
@@ -18,31 +20,39 @@
 
 namespace jax_flash::cuda_kernels::tensor_core {
 
-// One side's per-token inputs for one batch row: pointers at the row's first token (null when absent) and the count
-// of live tokens, min(seq, length) and at least 0.
+// One side's per-token inputs for one batch row: pointers at the row's first token and first chunk summary (ids
+// and positions null when absent) and the count of live tokens, min(seq, length) and at least 0.
 struct TokenRow {
   const int32_t* segment_ids;
   const int32_t* positions;
+  const TokenChunk* chunks;
   int live;
 };
 
 __device__ __forceinline__ TokenRow token_row(const int32_t* lengths, const int32_t* segment_ids,
-                                              const int32_t* positions, int64_t seq, int64_t batch) {
+                                              const int32_t* positions, const TokenChunk* chunks, int64_t seq,
+                                              int64_t batch) {
   int64_t live = lengths && lengths[batch] < seq ? lengths[batch] : seq;
   return {segment_ids ? segment_ids + batch * seq : nullptr, positions ? positions + batch * seq : nullptr,
-          live > 0 ? static_cast<int>(live) : 0};
+          chunks + batch * ((seq + kTokenChunk - 1) / kTokenChunk), live > 0 ? static_cast<int>(live) : 0};
 }
 
 __device__ __forceinline__ TokenRow query_row(const TokenMask& t, const AttentionShape& shape, int64_t batch) {
-  return token_row(t.q_lengths, t.q_segment_ids, t.q_positions, shape.seqlen_q, batch);
+  return token_row(t.q_lengths, t.q_segment_ids, t.q_positions, t.q_chunks, shape.seqlen_q, batch);
 }
 
 __device__ __forceinline__ TokenRow key_row(const TokenMask& t, const AttentionShape& shape, int64_t batch) {
-  return token_row(t.kv_lengths, t.kv_segment_ids, t.kv_positions, shape.seqlen_k, batch);
+  return token_row(t.kv_lengths, t.kv_segment_ids, t.kv_positions, t.kv_chunks, shape.seqlen_k, batch);
 }
 
-// The summary of tokens [begin, end) of a row. Absent segment ids read as all 0 (every pair shares a segment);
-// absent positions are the token indices.
+// What the tile walk reads of a row: its chunk summaries and live count, a few registers where a walk keeps it.
+struct ChunkRow {
+  const TokenChunk* chunks;
+  int live;
+  __device__ ChunkRow(const TokenRow& row) : chunks(row.chunks), live(row.live) {}  // NOLINT: implicit on purpose
+};
+
+// The summary of tokens [begin, end) of a row: which are live, and the ranges of their segment ids and positions.
 struct TokenSpan {
   int begin;
   int live_end;  // tokens [begin, live_end) are live; none when live_end <= begin
@@ -51,52 +61,24 @@ struct TokenSpan {
   int position_min, position_max;
 };
 
-// The span of the tokens begin + first, begin + first + stride, ... below end: a lane's share when the lanes of a
-// warp split a tile (merge with merge_across_warp), or a whole tile when first = 0 and stride = 1.
-__device__ __forceinline__ TokenSpan partial_span(const TokenRow& row, int begin, int end, int first, int stride) {
+// Read from the chunk summaries that cover [begin, end). A chunk reaching past either end adds tokens outside the
+// span to its ranges; wider ranges only turn answers of classify into kPartial, which is always correct.
+__device__ __forceinline__ TokenSpan chunk_span(const ChunkRow& row, int begin, int end) {
   TokenSpan span;
   span.begin = begin;
   span.live_end = end < row.live ? end : row.live;
   span.whole = span.live_end == end;
-  span.segment_min = row.segment_ids ? INT_MAX : 0;
-  span.segment_max = row.segment_ids ? INT_MIN : 0;
-  span.position_min = INT_MAX;
-  span.position_max = INT_MIN;
-  if (!row.positions) {
-    span.position_min = begin;
-    span.position_max = span.live_end - 1;
-  }
-  if (!row.segment_ids && !row.positions) return span;
+  span.segment_min = span.position_min = INT_MAX;
+  span.segment_max = span.position_max = INT_MIN;
 #pragma unroll 1
-  for (int token = begin + first; token < span.live_end; token += stride) {
-    if (row.segment_ids) {
-      const int id = row.segment_ids[token];
-      span.segment_min = min(span.segment_min, id);
-      span.segment_max = max(span.segment_max, id);
-    }
-    if (row.positions) {
-      const int position = row.positions[token];
-      span.position_min = min(span.position_min, position);
-      span.position_max = max(span.position_max, position);
-    }
+  for (int chunk = begin / kTokenChunk; chunk * kTokenChunk < span.live_end; ++chunk) {
+    const int4 summary = __ldg(reinterpret_cast<const int4*>(row.chunks + chunk));  // TokenChunk's four fields
+    span.segment_min = min(span.segment_min, summary.x);
+    span.segment_max = max(span.segment_max, summary.y);
+    span.position_min = min(span.position_min, summary.z);
+    span.position_max = max(span.position_max, summary.w);
   }
   return span;
-}
-
-__device__ __forceinline__ TokenSpan merge_across_warp(TokenSpan span) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    span.segment_min = min(span.segment_min, __shfl_xor_sync(0xffffffffu, span.segment_min, offset));
-    span.segment_max = max(span.segment_max, __shfl_xor_sync(0xffffffffu, span.segment_max, offset));
-    span.position_min = min(span.position_min, __shfl_xor_sync(0xffffffffu, span.position_min, offset));
-    span.position_max = max(span.position_max, __shfl_xor_sync(0xffffffffu, span.position_max, offset));
-  }
-  return span;
-}
-
-// A block's own tile, summarized by the whole warp (every lane gets the same answer).
-__device__ __forceinline__ TokenSpan warp_span(const TokenRow& row, int begin, int end) {
-  return merge_across_warp(partial_span(row, begin, end, static_cast<int>(threadIdx.x % 32), 32));
 }
 
 enum class TileKind { kEmpty, kPartial, kFull };
@@ -120,9 +102,9 @@ __device__ __forceinline__ TileKind classify(const TokenSpan& q, const TokenSpan
 // tiles of `walked_tile` tokens. Kernels build it only when the walk needs new tiles classified, so none of it stays
 // in registers across their main loops.
 struct WalkSides {
-  TokenRow own;
+  ChunkRow own;
   int own_begin, own_end;
-  TokenRow walked;
+  ChunkRow walked;
   int walked_tile;
   bool walked_are_keys;
 };
@@ -151,12 +133,12 @@ class TileWalk {
   __device__ __forceinline__ void classify_window(int base, int64_t end, const WalkSides& sides,
                                                   const AttentionMask& mask) {
     base_ = base;
-    const TokenSpan own = warp_span(sides.own, sides.own_begin, sides.own_end);
+    const TokenSpan own = chunk_span(sides.own, sides.own_begin, sides.own_end);
     const int64_t tile = base + threadIdx.x % 32;
     TileKind kind = TileKind::kEmpty;
     if (tile < end) {
       const int begin = static_cast<int>(tile * sides.walked_tile);
-      const TokenSpan walked = partial_span(sides.walked, begin, begin + sides.walked_tile, 0, 1);
+      const TokenSpan walked = chunk_span(sides.walked, begin, begin + sides.walked_tile);
       kind = sides.walked_are_keys ? classify(own, walked, mask) : classify(walked, own, mask);
     }
     visible_ = __ballot_sync(0xffffffffu, kind != TileKind::kEmpty);
