@@ -30,6 +30,14 @@ bool supported(const AttentionShape& shape) {
 // Where the token-mask chunk summaries start in a workspace that holds `kernel_bytes` of other scratch first.
 size_t chunks_offset(size_t kernel_bytes) { return (kernel_bytes + 255) / 256 * 256; }
 
+size_t forward_kernel_workspace_bytes() {
+#if defined(JAX_FLASH_WITH_HOPPER)
+  return cuda_kernels::hopper::forward_workspace_bytes();
+#else
+  return 0;
+#endif
+}
+
 size_t backward_kernel_workspace_bytes(const AttentionShape& shape) {
   const size_t sm80_bytes = cuda_kernels::backward_delta_bytes(shape);
 #if defined(JAX_FLASH_WITH_HOPPER)
@@ -43,14 +51,18 @@ size_t backward_kernel_workspace_bytes(const AttentionShape& shape) {
 
 }  // namespace
 
+// Workspaces hold the kernels' own scratch, then the chunk summaries when there is a token mask.
+size_t workspace_bytes(size_t kernel_bytes, const AttentionShape& shape, const TokenMask& tokens) {
+  const size_t chunk_bytes = cuda_kernels::token_chunks_bytes(shape, tokens);
+  return chunk_bytes > 0 ? chunks_offset(kernel_bytes) + chunk_bytes : kernel_bytes;
+}
+
 size_t attention_forward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
-  return cuda_kernels::token_chunks_bytes(shape, tokens);
+  return workspace_bytes(forward_kernel_workspace_bytes(), shape, tokens);
 }
 
 size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
-  const size_t chunk_bytes = cuda_kernels::token_chunks_bytes(shape, tokens);
-  const size_t kernel_bytes = backward_kernel_workspace_bytes(shape);
-  return chunk_bytes > 0 ? chunks_offset(kernel_bytes) + chunk_bytes : kernel_bytes;
+  return workspace_bytes(backward_kernel_workspace_bytes(shape), shape, tokens);
 }
 
 cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* workspace, cudaStream_t stream) {
@@ -58,13 +70,14 @@ cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* w
   if (!supported(call.shape) || !aligned) return cudaErrorInvalidValue;
   if (call.dtype == DType::kFloat32) return cuda_kernels::attention_forward_simple(call, stream);
   AttentionForwardParams params = call;
-  if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, workspace, stream);
+  void* chunks = static_cast<char*>(workspace) + chunks_offset(forward_kernel_workspace_bytes());
+  if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, chunks, stream);
       status != cudaSuccess)
     return status;
 #if defined(JAX_FLASH_WITH_HOPPER)
   // The Hopper kernels take what they have compiled; other head dims stay on sm80.
   if (cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
-    const cudaError_t status = cuda_kernels::hopper::forward(params, stream);
+    const cudaError_t status = cuda_kernels::hopper::forward(params, workspace, stream);
     if (status != cudaErrorNotSupported) return status;
   }
 #endif

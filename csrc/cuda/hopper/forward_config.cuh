@@ -17,10 +17,13 @@ namespace jax_flash::cuda_kernels::hopper {
 
 using namespace cute;
 
-// Registers of the producer warpgroup (tiles.cuh): up to head dim 128 the consumers run without spills at 232, so the
-// token walk gets 40; at 256 the consumers' output tile needs 240, and the walk spills a few values to L1 instead.
+// Registers of the producer warpgroup (tiles.cuh): up to head dim 128 the consumers run without spills at 224, so the
+// persistent loop and the token walk get 56, enough to read four chunk summaries per round trip (token_tiles.cuh);
+// at 256 the consumers' output tile needs 240, and the walk reads one at a time and spills a few values to L1.
 template <int kHeadDim>
-inline constexpr int kForwardProducerRegisters = kHeadDim <= 128 ? 40 : 24;
+inline constexpr int kForwardProducerRegisters = kHeadDim <= 128 ? 56 : 24;
+template <int kHeadDim>
+inline constexpr int kForwardWalkChunks = kHeadDim <= 128 ? 4 : 1;
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>> {
@@ -29,6 +32,7 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr int kWalkChunks = kForwardWalkChunks<kHeadDim_>;
   using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>>;
   using Roles::kConsumerWarpgroups;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows need head_dim in multiples of 64 elements");
@@ -60,11 +64,13 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     uint64_t q_full;
+    uint64_t q_empty;
     uint64_t k_full[kStages];
     uint64_t k_empty[kStages];
     uint64_t v_full[kStages];
     uint64_t v_empty[kStages];
     int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
+    int work;              // the work tile of the query buffer (work_tiles.cuh)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

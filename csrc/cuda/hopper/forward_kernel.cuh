@@ -1,6 +1,9 @@
-// The Hopper forward kernel. Warpgroup 0 is the producer: one thread issues TMA loads of the query tile once and of
-// key/value tiles into a ring of kStages buffers, each guarded by a "full" mbarrier (TMA bytes landed) and an
-// "empty" one (every consumer thread is done reading). The consumer warpgroups each own 64 query rows and run
+// The Hopper forward kernel, persistent: one CTA per SM runs (query tile, head, batch) work tiles from work_tiles.cuh
+// until none is left. Warpgroup 0 is the producer: one thread issues TMA loads of each work tile's query tile (into
+// one buffer guarded by a "full" and an "empty" mbarrier, so the next query tile loads while the consumers finish
+// the last one's P V and write its output) and of key/value tiles into a ring of kStages buffers, each guarded by a
+// "full" mbarrier (TMA bytes landed) and an "empty" one (every consumer thread is done reading). The consumer
+// warpgroups each own 64 query rows and run
 //   S_j = Q K_j^T  (wgmma, async)  |  O += P_{j+1} V_{j+1}  (wgmma, async)  |  softmax(S_j) while the latter runs,
 // over the key tiles the producer picks and announces per stage (tile_tickets.cuh). Without a token mask it walks them
 // from the last to the first, so the tiles that need element masks (sequence end, causal diagonal) come first; under
@@ -23,6 +26,7 @@
 #include "tile_tickets.cuh"
 #include "token_entries.cuh"
 #include "warpgroup_gemm.cuh"
+#include "work_tiles.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -41,7 +45,8 @@ struct ForwardKernelParams {
   bool has_tokens;
   float scale;
   float scale_log2;  // of the score that reaches the softmax: scale * log2(e), or log2(e) after a softcap
-  bool heaviest_first;  // launch query tiles in reverse (the last ones see the most keys under a causal mask)
+  WorkOrder order;
+  int* work_counter;  // zero at launch: work tiles handed out past the first gridDim.x
   bool pingpong;
 };
 
@@ -92,65 +97,67 @@ __device__ __forceinline__ TokenRow key_tokens(const Params& p, int batch) {
                                 p.tokens.kv_chunks, p.seqlen_k, batch);
 }
 
-// Run by the producer warpgroup's first warp: lane 0 issues the loads, and under a token mask every lane helps
-// classify key tiles.
+// The producer's place in the key/value ring and in the query buffer's handovers, carried across work tiles.
+struct ProducerState {
+  int stage = 0;
+  uint32_t phase = 1;    // a fresh "empty" barrier counts as released once
+  uint32_t q_phase = 1;  // likewise for the query buffer's
+};
+
+// One work tile's loads, run by the producer warpgroup's first warp: lane 0 issues them, and under a token mask every
+// lane helps classify key tiles.
 template <class Config>
-__device__ void produce(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int m_block,
-                        int head, int batch) {
+__device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                             int work_index, ProducerState& state) {
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
+  const WorkTile work = p.order.tile(work_index);
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutV{});
-  Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, head, batch),
-                         Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
-  const int head_kv = head / p.group;
-  Tensor gK = local_tile(p.tma_k.get_tma_tensor(p.shape_kv)(_, _, head_kv, batch),
+  Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, work.head, work.batch),
+                         Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(work.m_block, _0{}));
+  const int head_kv = work.head / p.group;
+  Tensor gK = local_tile(p.tma_k.get_tma_tensor(p.shape_kv)(_, _, head_kv, work.batch),
                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, head_kv, batch),
+  Tensor gV = local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, head_kv, work.batch),
                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   auto q_copy = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  Tensor tQgQ = get<0>(q_copy);
-  Tensor tQsQ = get<1>(q_copy);
   auto k_copy = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  Tensor tKgK = get<0>(k_copy);
-  Tensor tKsK = get<1>(k_copy);
   auto v_copy = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-  Tensor tVgV = get<0>(v_copy);
-  Tensor tVsV = get<1>(v_copy);
 
   const bool leader = threadIdx.x == 0;
-  int stage = 0;
-  uint32_t phase = 1;  // a fresh "empty" barrier counts as released once
-  auto load_query = [&] {
+  // Announces the work tile once the consumers are done with the previous query tile, and loads its queries.
+  auto start_work = [&](bool has_keys) {
+    if (!leader) return;
+    cutlass::arch::ClusterBarrier::wait(&smem.q_empty, state.q_phase);
+    state.q_phase ^= 1;
+    WorkTicket::make(work_index, has_keys).post(&smem.work);
+    if (!has_keys) return cutlass::arch::ClusterBarrier::arrive(&smem.q_full);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
-    copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+    copy(p.tma_q.with(smem.q_full), get<0>(q_copy), get<1>(q_copy));
   };
   auto load_keys_and_values = [&](TileTicket ticket) {
-    const int n = ticket.tile();
-    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], phase);
+    if (!leader) return;
+    const int n = ticket.tile(), stage = state.stage;
+    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
     ticket.post(&smem.tickets[stage]);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
-    copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, n), tKsK(_, stage));
-    cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], phase);
+    copy(p.tma_k.with(smem.k_full[stage]), get<0>(k_copy)(_, n), get<1>(k_copy)(_, stage));
+    cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.phase);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], Config::kKVBytes);
-    copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, n), tVsV(_, stage));
-    if (++stage == Config::kStages) {
-      stage = 0;
-      phase ^= 1;
+    copy(p.tma_v.with(smem.v_full[stage]), get<0>(v_copy)(_, n), get<1>(v_copy)(_, stage));
+    if (++state.stage == Config::kStages) {
+      state.stage = 0;
+      state.phase ^= 1;
     }
   };
-  auto post_no_tiles = [&] {
-    TileTicket::none().post(&smem.tickets[0]);
-    cutlass::arch::ClusterBarrier::arrive(&smem.k_full[0]);
-  };
 
-  const int row_begin = m_block * kBlockM;
+  const int row_begin = work.m_block * kBlockM;
   const int row_end = min(row_begin + kBlockM, p.seqlen_q);
+  // The key tiles the mask's window allows; under a token mask it applies to positions, unless there are none.
+  KeyTiles tiles = visible_key_tiles<kBlockN>(p.mask, row_begin, row_end, p.seqlen_k);
   if (!p.has_tokens) {
-    if (!leader) return;
-    const KeyTiles tiles = visible_key_tiles<kBlockN>(p.mask, row_begin, row_end, p.seqlen_k);
-    if (tiles.end <= tiles.begin) return post_no_tiles();
-    load_query();
+    start_work(tiles.begin < tiles.end);
     for (int n = tiles.end - 1; n >= tiles.begin; --n) {
       const int key_begin = n * kBlockN;
       const bool straddles = key_begin + kBlockN > p.seqlen_k ||
@@ -160,21 +167,37 @@ __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::S
     }
     return;
   }
-  // The window applies to positions here, so every key tile is a candidate; the walk skips the empty ones.
-  const tensor_core::WalkSides sides{query_tokens(p, batch), row_begin, row_end, key_tokens(p, batch), kBlockN, true};
-  const int tiles_end = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  tensor_core::TileWalk walk;
-  int n = walk.first_visible(0, tiles_end, sides, p.mask);
-  if (n == tiles_end) {
-    if (leader) post_no_tiles();
-    return;
-  }
-  if (leader) load_query();
-  while (n < tiles_end) {
+  const TokenRow keys = key_tokens(p, work.batch);
+  if (p.tokens.q_positions) tiles = {0, (p.seqlen_k + kBlockN - 1) / kBlockN};
+  tiles.end = min(tiles.end, (keys.live + kBlockN - 1) / kBlockN);  // no live key past the length
+  const tensor_core::WalkSides sides{query_tokens(p, work.batch), row_begin, row_end, keys, kBlockN, true};
+  tensor_core::TileWalk<Config::kWalkChunks> walk;
+  int n = walk.first_visible(tiles.begin, tiles.end, sides, p.mask);
+  start_work(n < tiles.end);
+  while (n < tiles.end) {
     const bool full = walk.full(n);  // before the next search moves the walk's window
-    const int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
-    if (leader) load_keys_and_values(TileTicket::make(n, next == tiles_end, full ? TileMasking::kNone : TileMasking::kTokens));
+    const int next = walk.first_visible(n + 1, tiles.end, sides, p.mask);
+    load_keys_and_values(TileTicket::make(n, next == tiles.end, full ? TileMasking::kNone : TileMasking::kTokens));
     n = next;
+  }
+}
+
+// The producer's loop over work tiles. Lane 0 takes the next tile once it has issued this one's last load: taken
+// earlier, a tile would wait behind this one while another CTA idles at the end of the kernel. The ring still holds
+// loads for the consumers, so the atomic's round trip hides behind their work.
+template <class Config>
+__device__ void produce(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem) {
+  ProducerState state;
+  const int tiles = p.order.count();
+  for (int work = blockIdx.x; work < tiles;) {
+    produce_tile<Config>(p, smem, work, state);
+    const int next = threadIdx.x == 0 ? int(gridDim.x) + atomicAdd(p.work_counter, 1) : 0;
+    work = __shfl_sync(0xffffffffu, next, 0);
+  }
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterBarrier::wait(&smem.q_empty, state.q_phase);
+    WorkTicket::done().post(&smem.work);
+    cutlass::arch::ClusterBarrier::arrive(&smem.q_full);
   }
 }
 
@@ -194,27 +217,30 @@ struct RingCursor {
 // Rows of a query tile that sees no key: output 0 and lse -inf, written by the consumers without touching the
 // ring.
 template <class Config>
-__device__ void write_empty_rows(const ForwardKernelParams<Config>& p, int m_block, int head, int batch,
-                                 int thread) {
+__device__ void write_empty_rows(const ForwardKernelParams<Config>& p, const WorkTile& work, int thread) {
   using Element = typename Config::Element;
-  const int row_begin = m_block * Config::kBlockM;
+  const int row_begin = work.m_block * Config::kBlockM;
   const int rows = min(Config::kBlockM, p.seqlen_q - row_begin);
   auto* out = static_cast<Element*>(p.out);
   for (int i = thread; i < rows * p.head_dim; i += Config::kConsumerThreads) {
     const int row = row_begin + i / p.head_dim;
-    out[((int64_t(batch) * p.seqlen_q + row) * p.heads_q + head) * p.head_dim + i % p.head_dim] = Element(0.f);
+    out[((int64_t(work.batch) * p.seqlen_q + row) * p.heads_q + work.head) * p.head_dim + i % p.head_dim] =
+        Element(0.f);
   }
   for (int i = thread; i < rows; i += Config::kConsumerThreads) {
-    p.lse[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + row_begin + i] = -INFINITY;
+    p.lse[(int64_t(work.batch) * p.heads_q + work.head) * p.seqlen_q + row_begin + i] = -INFINITY;
   }
 }
 
+// One work tile with at least one key tile, its queries landed or landing in the query buffer.
 template <class Config>
-__device__ void consume(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int m_block,
-                        int head, int batch, int thread) {
+__device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                             const WorkTile& work, int thread, RingCursor<Config::kStages>& k_cursor,
+                             RingCursor<Config::kStages>& v_cursor, uint32_t q_phase) {
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
+  const int batch = work.batch, head = work.head;
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
@@ -235,7 +261,7 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   Tensor score_rc = make_tensor(score_coords.data(), accumulator_rows(score_coords.layout()));
   constexpr int kRows = decltype(size<0>(scores))::value;
 
-  const int row_begin = m_block * kBlockM;
+  const int row_begin = work.m_block * kBlockM;
 
   // Raw scores of the ticket's key tile, soft-capped, with invisible keys at -inf where the ticket asks for a mask.
   auto prepare_scores = [&](TileTicket ticket) {
@@ -268,14 +294,12 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   OnlineSoftmax<kRows> softmax(p.scale_log2);
   float rescale[kRows];
   clear(tOrO);
-  RingCursor<Config::kStages> k_cursor, v_cursor;
 
   Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
   TileTicket ticket = TileTicket::read(&smem.tickets[k_cursor.stage]);
-  if (ticket.is_none()) return write_empty_rows<Config>(p, m_block, head, batch, thread);
   const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
   turns.start();
-  Barrier::wait(&smem.q_full, 0);
+  Barrier::wait(&smem.q_full, q_phase);
   // The first tile: its scores alone, no P V in flight yet.
   turns.wait_mine();
   warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
@@ -313,6 +337,7 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
     }
     to_operand();
   }
+  Barrier::arrive(&smem.q_empty);  // every Q K^T of this tile is done: the next query tile may load
   Barrier::wait(&smem.v_full[v_cursor.stage], v_cursor.phase);
   turns.wait_mine();
   warpgroup_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_cursor.stage), tOrO);
@@ -320,6 +345,7 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   warpgroup_wait<0>();
   warpgroup_fence_operand(tOrO);
   Barrier::arrive(&smem.v_empty[v_cursor.stage]);
+  v_cursor.advance();
   turns.finish();
 
   float inverse_sum[kRows], lse[kRows];
@@ -339,18 +365,35 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   }
 }
 
+// The consumers' loop over the work tiles the producer announces.
+template <class Config>
+__device__ void consume(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int thread) {
+  RingCursor<Config::kStages> k_cursor, v_cursor;
+  for (uint32_t q_phase = 0;; q_phase ^= 1) {
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
+    const WorkTicket ticket = WorkTicket::read(&smem.work);
+    if (ticket.is_done()) return;
+    const WorkTile work = p.order.tile(ticket.index());
+    if (ticket.has_keys()) {
+      consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_phase);
+    } else {
+      cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+      write_empty_rows<Config>(p, work, thread);
+    }
+  }
+}
+
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     forward_kernel(CUTE_GRID_CONSTANT const ForwardKernelParams<Config> p) {
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
-  const int m_block = p.heaviest_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerThreads);
     for (int s = 0; s < Config::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.k_full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.v_full[s], 1);
@@ -364,10 +407,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x < 32) produce<Config>(p, smem, m_block, head, batch);
+    if (threadIdx.x < 32) produce<Config>(p, smem);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume<Config>(p, smem, m_block, head, batch, threadIdx.x - 128);
+    consume<Config>(p, smem, threadIdx.x - 128);
   }
 }
 

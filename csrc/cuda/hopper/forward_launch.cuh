@@ -1,5 +1,5 @@
-// Host side of the Hopper forward: builds the TMA descriptors for this call's tensors and launches the kernel.
-// Included only by the generated instantiation files, which compile for sm_90a.
+// Host side of the Hopper forward: builds the TMA descriptors for this call's tensors and launches the persistent
+// kernel, one CTA per SM. Included only by the generated instantiation files, which compile for sm_90a.
 #pragma once
 
 #include <cmath>
@@ -8,13 +8,14 @@
 #include <cuda_runtime.h>
 
 #include "../../attention_params.h"
+#include "../device_attribute.h"
 #include "forward_kernel.cuh"
 #include "hopper.h"
 
 namespace jax_flash::cuda_kernels::hopper {
 
 template <class Config>
-cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStream_t stream) {
+cudaError_t launch_forward_config(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {
   using Element = typename Config::Element;
   const AttentionShape& s = params.shape;
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0) return cudaSuccess;
@@ -42,13 +43,22 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, cudaStre
   p.has_tokens = params.tokens.any();
   p.scale = params.scale;
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
-  p.heaviest_first = params.mask.window_right >= 0;
+  const int64_t m_blocks = (s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  // Work indices travel in tickets with a flag bit; the sm80 kernels take calls with more tiles.
+  if (m_blocks * s.heads_q * s.batch >= (int64_t{1} << 30)) return cudaErrorNotSupported;
+  // The last query tiles see the most keys under a causal mask: they go first.
+  p.order = WorkOrder{int(m_blocks), int(s.heads_q), int(s.batch), params.mask.window_right >= 0};
+  p.work_counter = static_cast<int*>(workspace);
   // Timed on the H200 (docs/benchmarks.md): within 1% either way, slightly ahead at head dims 64 and 128.
   p.pingpong = Config::kHeadDim <= 128;
 
-  const dim3 grid(unsigned((s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(s.heads_q),
-                  unsigned(s.batch));
-  if (s.heads_q > 65535 || s.batch > 65535) return cudaErrorNotSupported;  // the sm80 kernels take it
+  int sm_count = 0;
+  if (cudaError_t status = device_attribute<cudaDevAttrMultiProcessorCount>(&sm_count); status != cudaSuccess)
+    return status;
+  const int64_t tiles = m_blocks * s.heads_q * s.batch;
+  const dim3 grid(unsigned(tiles < sm_count ? tiles : sm_count));
+  if (cudaError_t status = cudaMemsetAsync(p.work_counter, 0, sizeof(int), stream); status != cudaSuccess)
+    return status;
   auto* kernel = &forward_kernel<Config>;
   // Set per launch: the attribute belongs to the current device, and a process may drive several.
   cudaError_t status =

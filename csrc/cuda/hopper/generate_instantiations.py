@@ -69,9 +69,10 @@ def forward_file(dtype: str, head_dim: int) -> str:
 namespace jax_flash::cuda_kernels::hopper {{
 
 template <>
-cudaError_t launch_forward<{element}, {head_dim}>(const AttentionForwardParams& params, cudaStream_t stream) {{
+cudaError_t launch_forward<{element}, {head_dim}>(const AttentionForwardParams& params, void* workspace,
+                                                  cudaStream_t stream) {{
   return launch_forward_config<ForwardConfig<{element}, {head_dim}, {tiles.block_m}, {tiles.block_n}, {tiles.stages}>>(
-      params, stream);
+      params, workspace, stream);
 }}
 
 }}  // namespace jax_flash::cuda_kernels::hopper
@@ -121,7 +122,7 @@ def bucket_function(name: str, tiles: dict) -> str:
 
 
 def dispatch_file() -> str:
-    forward_cases = switch(FORWARD_TILES, "launch_forward<{element}, {head_dim}>(params, stream)")
+    forward_cases = switch(FORWARD_TILES, "launch_forward<{element}, {head_dim}>(params, workspace, stream)")
     backward_cases = switch(BACKWARD_TILES, "launch_backward<{element}, {head_dim}>(params, workspace, stream)")
     return f"""{HEADER}// Only the launchers' declarations are seen here: every call below links to an instantiation file.
 #include "../hopper.h"
@@ -150,7 +151,9 @@ bool device_supported() {{
          device_attribute<cudaDevAttrComputeCapabilityMinor>(&minor) == cudaSuccess && major == 9 && minor == 0;
 }}
 
-cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {{
+size_t forward_workspace_bytes() {{ return sizeof(int); }}
+
+cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {{
   const int bucket = forward_bucket(params.shape.head_dim);
   switch (params.dtype) {{
 {forward_cases}

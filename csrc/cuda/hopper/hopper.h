@@ -15,7 +15,10 @@ namespace jax_flash::cuda_kernels::hopper {
 // Whether the current device runs sm_90a code (compute capability 9.0 exactly: sm_90a is not forward compatible).
 bool device_supported();
 
-cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream);
+// What forward() needs in `workspace`: the persistent kernel's work counter (work_tiles.cuh).
+size_t forward_workspace_bytes();
+
+cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
 // What backward() needs in `workspace`: the padded per-row lse and delta (backward_rows.cuh).
 size_t backward_workspace_bytes(const AttentionShape& shape);
@@ -23,7 +26,7 @@ size_t backward_workspace_bytes(const AttentionShape& shape);
 cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 
 template <typename Element, int kHeadDim>
-cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream);
+cudaError_t launch_forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);

@@ -9,6 +9,20 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
+// A word of shared memory handed from the producer to the consumers across an mbarrier (see above).
+__device__ __forceinline__ void publish(int* slot, int value) {
+  asm volatile("" ::: "memory");
+  *reinterpret_cast<volatile int*>(slot) = value;
+  asm volatile("" ::: "memory");
+}
+
+__device__ __forceinline__ int read_published(const int* slot) {
+  asm volatile("" ::: "memory");
+  const int value = *reinterpret_cast<const volatile int*>(slot);
+  asm volatile("" ::: "memory");
+  return value;
+}
+
 enum class TileMasking : int {
   kNone = 0,    // every (query, key) pair of the tile is visible
   kWindow = 1,  // the tile straddles the sequence end or a window edge: mask by position
@@ -28,17 +42,8 @@ class TileTicket {
   __device__ bool last() const { return (value_ >> 2) & 1; }
   __device__ TileMasking masking() const { return TileMasking(value_ & 3); }
 
-  __device__ void post(int* slot) const {
-    asm volatile("" ::: "memory");
-    *reinterpret_cast<volatile int*>(slot) = value_;
-    asm volatile("" ::: "memory");
-  }
-  __device__ static TileTicket read(const int* slot) {
-    asm volatile("" ::: "memory");
-    const TileTicket ticket(*reinterpret_cast<const volatile int*>(slot));
-    asm volatile("" ::: "memory");
-    return ticket;
-  }
+  __device__ void post(int* slot) const { publish(slot, value_); }
+  __device__ static TileTicket read(const int* slot) { return TileTicket(read_published(slot)); }
 
  private:
   __device__ explicit TileTicket(int value) : value_(value) {}

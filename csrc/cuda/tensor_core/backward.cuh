@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
       delta_rows[buffer * kBlockM + r] = valid ? delta[stat] : 0.f;
     }
   };
-  TileWalk walk;
+  TileWalk<> walk;
   const auto sides = [&] {
     return WalkSides{key_row(params.tokens, shape, batch), static_cast<int>(key0), static_cast<int>(key0 + keys),
                      query_row(params.tokens, shape, batch), kBlockM, false};
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
                                                                                shape.seqlen_k - key0, head_dim);
   };
   q_tile.template load_async<kThreads>(static_cast<const Element*>(params.q) + q_offset, q_stride, rows, head_dim);
-  TileWalk walk;
+  TileWalk<> walk;
   const auto sides = [&] {
     return WalkSides{query_row(params.tokens, shape, batch), static_cast<int>(row_begin),
                      static_cast<int>(row_begin + rows), key_row(params.tokens, shape, batch), kBlockN, true};

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
     KVTile{v_tiles + buffer * KVTile::kElements}.template load_async<kThreads>(v + key0 * kv_stride, kv_stride,
                                                                                shape.seqlen_k - key0, head_dim);
   };
-  TileWalk walk;
+  TileWalk<> walk;
   // Built only when the walk classifies new key blocks; see WalkSides.
   const auto sides = [&] {
     return WalkSides{query_row(params.tokens, shape, batch), static_cast<int>(row_begin),

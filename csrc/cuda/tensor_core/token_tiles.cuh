@@ -62,7 +62,11 @@ struct TokenSpan {
 };
 
 // Read from the chunk summaries that cover [begin, end). A chunk reaching past either end adds tokens outside the
-// span to its ranges; wider ranges only turn answers of classify into kPartial, which is always correct.
+// span to its ranges; wider ranges only turn answers of classify into kPartial, which is always correct. The loads
+// go kChunksAtOnce at a time, in flight together (indices past the last chunk read the last one again, which leaves
+// the ranges as they are): more round trips overlap, for more registers, which a walk with few (a Hopper producer
+// at 24) cannot spare.
+template <int kChunksAtOnce>
 __device__ __forceinline__ TokenSpan chunk_span(const ChunkRow& row, int begin, int end) {
   TokenSpan span;
   span.begin = begin;
@@ -70,13 +74,21 @@ __device__ __forceinline__ TokenSpan chunk_span(const ChunkRow& row, int begin, 
   span.whole = span.live_end == end;
   span.segment_min = span.position_min = INT_MAX;
   span.segment_max = span.position_max = INT_MIN;
+  const int last = (span.live_end - 1) / kTokenChunk;
 #pragma unroll 1
-  for (int chunk = begin / kTokenChunk; chunk * kTokenChunk < span.live_end; ++chunk) {
-    const int4 summary = __ldg(reinterpret_cast<const int4*>(row.chunks + chunk));  // TokenChunk's four fields
-    span.segment_min = min(span.segment_min, summary.x);
-    span.segment_max = max(span.segment_max, summary.y);
-    span.position_min = min(span.position_min, summary.z);
-    span.position_max = max(span.position_max, summary.w);
+  for (int first = begin / kTokenChunk; first <= last && begin < span.live_end; first += kChunksAtOnce) {
+    int4 summaries[kChunksAtOnce];
+#pragma unroll
+    for (int i = 0; i < kChunksAtOnce; ++i) {  // TokenChunk's four fields
+      summaries[i] = __ldg(reinterpret_cast<const int4*>(row.chunks + min(first + i, last)));
+    }
+#pragma unroll
+    for (int i = 0; i < kChunksAtOnce; ++i) {
+      span.segment_min = min(span.segment_min, summaries[i].x);
+      span.segment_max = max(span.segment_max, summaries[i].y);
+      span.position_min = min(span.position_min, summaries[i].z);
+      span.position_max = max(span.position_max, summaries[i].w);
+    }
   }
   return span;
 }
@@ -110,7 +122,8 @@ struct WalkSides {
 };
 
 // The walked side's non-empty tiles in increasing order, classified 32 at a time (a search may restart lower, e.g.
-// for the next head of a GQA group).
+// for the next head of a GQA group), reading kChunksAtOnce chunk summaries per round trip (chunk_span).
+template <int kChunksAtOnce = 1>
 class TileWalk {
  public:
   // The first non-empty tile in [tile, end), or end if none.
@@ -133,12 +146,12 @@ class TileWalk {
   __device__ __forceinline__ void classify_window(int base, int64_t end, const WalkSides& sides,
                                                   const AttentionMask& mask) {
     base_ = base;
-    const TokenSpan own = chunk_span(sides.own, sides.own_begin, sides.own_end);
+    const TokenSpan own = chunk_span<kChunksAtOnce>(sides.own, sides.own_begin, sides.own_end);
     const int64_t tile = base + threadIdx.x % 32;
     TileKind kind = TileKind::kEmpty;
     if (tile < end) {
       const int begin = static_cast<int>(tile * sides.walked_tile);
-      const TokenSpan walked = chunk_span(sides.walked, begin, begin + sides.walked_tile);
+      const TokenSpan walked = chunk_span<kChunksAtOnce>(sides.walked, begin, begin + sides.walked_tile);
       kind = sides.walked_are_keys ? classify(own, walked, mask) : classify(walked, own, mask);
     }
     visible_ = __ballot_sync(0xffffffffu, kind != TileKind::kEmpty);

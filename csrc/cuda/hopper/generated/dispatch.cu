@@ -48,7 +48,9 @@ bool device_supported() {
          device_attribute<cudaDevAttrComputeCapabilityMinor>(&minor) == cudaSuccess && major == 9 && minor == 0;
 }
 
-cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {
+size_t forward_workspace_bytes() { return sizeof(int); }
+
+cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {
   const int bucket = forward_bucket(params.shape.head_dim);
   switch (params.dtype) {
 #if defined(JAX_FLASH_DTYPE_FP16)
@@ -56,15 +58,15 @@ cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {
       switch (bucket) {
 #if defined(JAX_FLASH_HEAD_DIM_64)
         case 64:
-          return launch_forward<cutlass::half_t, 64>(params, stream);
+          return launch_forward<cutlass::half_t, 64>(params, workspace, stream);
 #endif
 #if defined(JAX_FLASH_HEAD_DIM_128)
         case 128:
-          return launch_forward<cutlass::half_t, 128>(params, stream);
+          return launch_forward<cutlass::half_t, 128>(params, workspace, stream);
 #endif
 #if defined(JAX_FLASH_HEAD_DIM_256)
         case 256:
-          return launch_forward<cutlass::half_t, 256>(params, stream);
+          return launch_forward<cutlass::half_t, 256>(params, workspace, stream);
 #endif
       }
       break;
@@ -74,15 +76,15 @@ cudaError_t forward(const AttentionForwardParams& params, cudaStream_t stream) {
       switch (bucket) {
 #if defined(JAX_FLASH_HEAD_DIM_64)
         case 64:
-          return launch_forward<cutlass::bfloat16_t, 64>(params, stream);
+          return launch_forward<cutlass::bfloat16_t, 64>(params, workspace, stream);
 #endif
 #if defined(JAX_FLASH_HEAD_DIM_128)
         case 128:
-          return launch_forward<cutlass::bfloat16_t, 128>(params, stream);
+          return launch_forward<cutlass::bfloat16_t, 128>(params, workspace, stream);
 #endif
 #if defined(JAX_FLASH_HEAD_DIM_256)
         case 256:
-          return launch_forward<cutlass::bfloat16_t, 256>(params, stream);
+          return launch_forward<cutlass::bfloat16_t, 256>(params, workspace, stream);
 #endif
       }
       break;

@@ -4,9 +4,10 @@
 namespace jax_flash::cuda_kernels::hopper {
 
 template <>
-cudaError_t launch_forward<cutlass::bfloat16_t, 64>(const AttentionForwardParams& params, cudaStream_t stream) {
+cudaError_t launch_forward<cutlass::bfloat16_t, 64>(const AttentionForwardParams& params, void* workspace,
+                                                  cudaStream_t stream) {
   return launch_forward_config<ForwardConfig<cutlass::bfloat16_t, 64, 128, 128, 2>>(
-      params, stream);
+      params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper
