@@ -1,6 +1,7 @@
 """Packed-documents benchmark: one row of causal documents of random lengths, beside dense causal attention.
 
-    python -m jax_flash.bench_segments [--json out.json] [--head-dims 64,128] [--parts fwd,fwd+bwd] [--min-seconds 0.2]
+    python -m jax_flash.bench_segments [--breakdown] [--json out.json] [--head-dims 64,128] [--parts fwd,fwd+bwd]
+                                       [--min-seconds 0.2]
 
 On a GPU: bfloat16, one packed row of S = 16384 tokens holding 8 documents of random lengths (fixed seed, no
 padding), H * D = 2048. On the CPU: float32, S = 512, 3 documents, H * D = 64, so it runs in seconds. All in one
@@ -15,13 +16,18 @@ TFLOP/s are counted on visible work only: forward 4 * H * D * (visible (query, k
 that (benchmark.py's convention). A causal document of length L has L (L + 1) / 2 visible pairs, so the packed and
 padded layouts share one count and dense causal counts S (S + 1) / 2. Every implementation's forward is checked per
 document against the float32 reference before it is timed; a wrong answer is reported on its rows, not raised.
+
+--breakdown times jax_flash alone, causal, on the same q/k/v in six layouts that separate where packed documents lose
+time: the dense row, the row reshaped into a batch of `docs` equal rows, the same equal documents as segment_ids, one
+segment covering the row, lengths = S, and the random documents above. Each row's ratio is its TFLOP/s (visible work)
+over the dense row's. The CPU breakdown packs 4 documents, since 3 do not divide S = 512 into equal rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +48,16 @@ class Grid(NamedTuple):
 
 GPU_GRID = Grid("bfloat16", 16384, 8, 2048, (64, 128))
 CPU_GRID = Grid("float32", 512, 3, 64, (32,))
+# --breakdown reshapes the row into `docs` equal rows, so docs must divide S: 3 does not divide 512.
+CPU_BREAKDOWN_GRID = CPU_GRID._replace(docs=4)
 # benchmark._check's gates: a bfloat16 output keeps 8 significant bits, so rounding alone moves one near 2 by 8e-3.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
 DENSE = "jax_flash dense causal"
+ONE_ROW = "dense, one row"  # the --breakdown case the others' ratios are over
+# --breakdown checks the output's first rows only: on the GPU grid they span the first boundary of the equal documents
+# (2048 tokens each) and two of the random ones, and the reference's CHECKED_ROWS^2 logits per head are no more than
+# the main mode's longest document (3498 tokens) costs.
+CHECKED_ROWS = 4096
 
 
 def document_lengths(seq: int, docs: int, seed: int = 0) -> np.ndarray:
@@ -79,22 +92,27 @@ class Layout(NamedTuple):
     mask: jax.Array | None
 
 
+def _flash_packed(q, k, v, ids):
+    return jax_flash.dot_product_attention(q, k, v, is_causal=True, segment_ids=ids)
+
+
+def _flash_dense(q, k, v, _):
+    return jax_flash.dot_product_attention(q, k, v, is_causal=True)
+
+
+def _by_lengths(implementation):
+    def attend(q, k, v, lengths):
+        return implementation(q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
+    return attend
+
+
 def _implementations(on_gpu: bool) -> dict:
     """name -> (layout name, attend(q, k, v, mask) -> out)."""
-    def by_lengths(implementation):
-        def attend(q, k, v, lengths):
-            return implementation(q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
-        return attend
-
-    impls = {
-        "jax_flash packed": ("packed", lambda q, k, v, ids: jax_flash.dot_product_attention(
-            q, k, v, is_causal=True, segment_ids=ids)),
-        DENSE: ("dense", lambda q, k, v, _: jax_flash.dot_product_attention(q, k, v, is_causal=True)),
-    }
+    impls = {"jax_flash packed": ("packed", _flash_packed), DENSE: ("dense", _flash_dense)}
     if on_gpu:
-        impls["cudnn lengths"] = ("padded", by_lengths(
+        impls["cudnn lengths"] = ("padded", _by_lengths(
             lambda *args, **kwargs: jax.nn.dot_product_attention(*args, **kwargs, implementation="cudnn")))
-    impls["jax_flash lengths"] = ("padded", by_lengths(jax_flash.dot_product_attention))
+    impls["jax_flash lengths"] = ("padded", _by_lengths(jax_flash.dot_product_attention))
     return impls
 
 
@@ -128,10 +146,22 @@ def _check(attend, layout: Layout, layout_name: str, lengths, references, heads,
     docs = _per_document(out[..., heads, :].astype(jnp.float32), layout_name, lengths)
     if layout_name == "dense":  # dense causal lets each document see its predecessors: only the first one matches
         docs, references = docs[:1], references[:1]
-    err = max(float(jnp.max(jnp.abs(ours - ref))) for ours, ref in zip(docs, references))
+    return _judged(max(float(jnp.max(jnp.abs(ours - ref))) for ours, ref in zip(docs, references)), dtype)
+
+
+def _judged(err: float, dtype: str):
+    """(err, None or why the check failed)."""
     if not err <= TOLERANCE[dtype]:
         return err, f"wrong: max abs error {err:.3g} > {TOLERANCE[dtype]:g}"
     return err, None
+
+
+def _checked(check: Callable):
+    """check()'s (max error, None or why wrong), or (None, the error) when the forward did not run at all."""
+    try:
+        return check()
+    except Exception as e:  # an implementation that refuses its layout (cudnn) is reported, not fatal
+        return None, _error_text(e)
 
 
 def _timed(attend, layout: Layout, part: str, min_seconds: float) -> float:
@@ -142,52 +172,127 @@ def _timed(attend, layout: Layout, part: str, min_seconds: float) -> float:
     return _time(fn, tuple(layout), min_seconds)
 
 
+def _timed_row_fields(attend, layout: Layout, part: str, min_seconds: float, flops: float) -> dict:
+    """A row's ms and tflops, or the error that stopped the timing."""
+    try:
+        seconds = _timed(attend, layout, part, min_seconds)
+        return dict(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
+    except Exception as e:
+        return dict(error=_error_text(e))
+
+
+def _visible_flops(heads: int, head_dim: int, lengths, part: str) -> float:
+    """benchmark.py's convention on the visible work: 4 * H * D per visible pair forward, 3.5x that forward+backward."""
+    return 4 * heads * head_dim * causal_visible_pairs(lengths) * (3.5 if part == "fwd+bwd" else 1.0)
+
+
 def _error_text(error: Exception) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
 
 
+def _random_qkv(grid: Grid, head_dim: int):
+    """[1, S, H, D] each, H = hidden // head_dim; the same arrays in both modes."""
+    keys = jax.random.split(jax.random.key(head_dim), 3)
+    return tuple(jax.random.normal(key, (1, grid.seq, grid.hidden // head_dim, head_dim), grid.dtype) for key in keys)
+
+
 def run_head_dim(grid: Grid, head_dim: int, lengths, parts, min_seconds: float, impls: dict) -> list[dict]:
     heads = grid.hidden // head_dim
-    keys = jax.random.split(jax.random.key(head_dim), 3)
-    q, k, v = (jax.random.normal(key, (1, grid.seq, heads, head_dim), grid.dtype) for key in keys)
+    q, k, v = _random_qkv(grid, head_dim)
     layouts = _layouts(q, k, v, lengths)
     checked_heads = sorted({0, heads - 1})
     references = _document_references(q, k, v, lengths, checked_heads)
-    packed_flops = 4 * heads * head_dim * causal_visible_pairs(lengths)
-    dense_flops = 4 * heads * head_dim * causal_visible_pairs([grid.seq])
     rows = []
     for name, (layout_name, attend) in impls.items():
         layout = layouts[layout_name]
-        try:
-            max_error, error = _check(attend, layout, layout_name, lengths, references, checked_heads, grid.dtype)
-        except Exception as e:  # a peer that refuses this layout (cudnn) is reported, not fatal
-            max_error, error = None, _error_text(e)
+        max_error, error = _checked(
+            lambda: _check(attend, layout, layout_name, lengths, references, checked_heads, grid.dtype))
         for part in parts:
             row = dict(impl=name, part=part, head_dim=head_dim, heads=heads, seq=grid.seq, docs=len(lengths),
                        ms=None, tflops=None, ratio_to_dense=None, max_error=max_error, error=error)
             if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
-                try:
-                    seconds = _timed(attend, layout, part, min_seconds)
-                    flops = (dense_flops if name == DENSE else packed_flops) * (3.5 if part == "fwd+bwd" else 1)
-                    row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
-                except Exception as e:
-                    row.update(error=_error_text(e))
+                flops = _visible_flops(heads, head_dim, [grid.seq] if name == DENSE else lengths, part)
+                row.update(_timed_row_fields(attend, layout, part, min_seconds, flops))
             rows.append(row)
-    _add_ratios(rows)
+    _add_ratios(rows, lambda r: r["impl"] == DENSE)
     return rows
 
 
-def _add_ratios(rows: list[dict]) -> None:
-    """ratio_to_dense: TFLOP/s over jax_flash dense causal's on the same part (issue 7's target: packed >= 0.9)."""
-    dense = {r["part"]: r["tflops"] for r in rows if r["impl"] == DENSE}
+class BreakdownCase(NamedTuple):
+    name: str
+    attend: Callable  # (q, k, v, mask) -> out, all jax_flash causal
+    layout: Layout
+    documents: list  # the causal documents the row holds, in order: its visible work, and what the check masks by
+
+
+def _breakdown_cases(q, k, v, lengths) -> list[BreakdownCase]:
+    """The six --breakdown layouts of one [1, S, H, D] row and its random document lengths."""
+    seq, docs = q.shape[1], len(lengths)
+    assert seq % docs == 0, f"--breakdown splits the row into {docs} equal documents: S = {seq} must be a multiple"
+    equal = [seq // docs] * docs
+    as_rows = [x.reshape(docs, seq // docs, *x.shape[2:]) for x in (q, k, v)]
+
+    def ids(documents):
+        return jnp.asarray(segment_ids(documents))
+
+    return [BreakdownCase(ONE_ROW, _flash_dense, Layout(q, k, v, None), [seq]),
+            BreakdownCase("dense, batch of equal rows", _flash_dense, Layout(*as_rows, None), equal),
+            BreakdownCase("segment ids, equal documents", _flash_packed, Layout(q, k, v, ids(equal)), equal),
+            BreakdownCase("segment ids, one segment", _flash_packed, Layout(q, k, v, ids([seq])), [seq]),
+            BreakdownCase("lengths = S", _by_lengths(jax_flash.dot_product_attention),
+                          Layout(q, k, v, jnp.array([seq], jnp.int32)), [seq]),
+            BreakdownCase("segment ids, random documents", _flash_packed, Layout(q, k, v, ids(lengths)),
+                          [int(n) for n in lengths])]
+
+
+def _check_first_rows(case: BreakdownCase, q, k, v, heads: list[int], dtype: str):
+    """(max abs error, None or why wrong) of the forward's first CHECKED_ROWS rows, in the row's token order, on
+    `heads`. Each token sees only earlier tokens of its document, so those rows depend on the first CHECKED_ROWS tokens
+    alone: the float32 reference runs on that prefix, masked by the case's documents, and is exact for it."""
+    rows = min(q.shape[1], CHECKED_ROWS)
+    out = jax.jit(case.attend)(*case.layout)
+    ours = out.reshape(q.shape)[:, :rows, heads].astype(jnp.float32)  # a batch of equal rows back into one row
+    ids = jnp.asarray(segment_ids(case.documents)[:, :rows])
+    with jax.default_matmul_precision("highest"):  # XLA's default float32 matmuls on a GPU are TF32
+        ref = attention_reference(*(x[:, :rows, heads].astype(jnp.float32) for x in (q, k, v)),
+                                  scale=q.shape[-1] ** -0.5, window_right=0, q_segment_ids=ids, kv_segment_ids=ids)
+    return _judged(float(jnp.max(jnp.abs(ours - ref))), dtype)
+
+
+def run_breakdown(grid: Grid, head_dim: int, lengths, parts, min_seconds: float) -> list[dict]:
+    heads = grid.hidden // head_dim
+    q, k, v = _random_qkv(grid, head_dim)
+    checked_heads = sorted({0, heads - 1})
+    rows = []
+    for case in _breakdown_cases(q, k, v, lengths):
+        max_error, error = _checked(lambda: _check_first_rows(case, q, k, v, checked_heads, grid.dtype))
+        for part in parts:
+            flops = _visible_flops(heads, head_dim, case.documents, part)
+            row = dict(mode="breakdown", case=case.name, part=part, head_dim=head_dim, heads=heads, seq=grid.seq,
+                       docs=len(case.documents), flops=flops, ms=None, tflops=None, ratio_to_dense=None,
+                       max_error=max_error, error=error)
+            if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
+                row.update(_timed_row_fields(case.attend, case.layout, part, min_seconds, flops))
+            rows.append(row)
+    _add_ratios(rows, lambda r: r["case"] == ONE_ROW)
+    return rows
+
+
+def _add_ratios(rows: list[dict], is_dense: Callable[[dict], bool]) -> None:
+    """ratio_to_dense: TFLOP/s over the dense causal row's on the same part (issue 7's target: packed >= 0.9)."""
+    dense = {r["part"]: r["tflops"] for r in rows if is_dense(r)}
     for r in rows:
         if r["tflops"] is not None and dense.get(r["part"]):
             r["ratio_to_dense"] = r["tflops"] / dense[r["part"]]
 
 
+CASE_WIDTH = len("segment ids, random documents")  # the longest breakdown case name
+
+
 def format_row(r: dict) -> str:
-    label = f"D={r['head_dim']:3d} H={r['heads']:3d} {r['part']:7s} {r['impl']:22s}"
+    name = f"{r['case']:{CASE_WIDTH}s}" if r.get("mode") == "breakdown" else f"{r['impl']:22s}"
+    label = f"D={r['head_dim']:3d} H={r['heads']:3d} {r['part']:7s} {name}"
     if r["ms"] is None:
         return f"{label} failed: {r['error']}"
     ratio = f"{r['ratio_to_dense']:5.2f}x dense" if r["ratio_to_dense"] is not None else " " * 11
@@ -197,13 +302,15 @@ def format_row(r: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time jax_flash alone in six layouts of the row (dense, equal rows, segment ids, lengths)")
     parser.add_argument("--json", help="write the header and every row to this JSON file")
     parser.add_argument("--head-dims", help="comma-separated head dims (default 64,128 on a GPU, 32 on the CPU)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
-    grid = GPU_GRID if on_gpu else CPU_GRID
+    grid = GPU_GRID if on_gpu else CPU_BREAKDOWN_GRID if args.breakdown else CPU_GRID
     if args.head_dims:
         grid = grid._replace(head_dims=tuple(int(d) for d in args.head_dims.split(",")))
     lengths = document_lengths(grid.seq, grid.docs)
@@ -213,10 +320,16 @@ def main(argv=None) -> None:
     print(f"jax_flash {jax_flash.__version__} on {header['device']}, jax {jax.__version__}; {grid.dtype}, one row of "
           f"S={grid.seq}, H*D={grid.hidden}; document lengths {header['doc_lengths']} "
           f"({visible:.1%} of dense causal's visible pairs)", flush=True)
+    if args.breakdown:
+        print(f"breakdown: jax_flash causal only; equal documents {grid.docs} x {grid.seq // grid.docs}; "
+              f"ratios are TFLOP/s over {ONE_ROW!r}", flush=True)
     impls, parts = _implementations(on_gpu), args.parts.split(",")
     rows = []
     for head_dim in grid.head_dims:
-        head_rows = run_head_dim(grid, head_dim, lengths, parts, args.min_seconds, impls)
+        if args.breakdown:
+            head_rows = run_breakdown(grid, head_dim, lengths, parts, args.min_seconds)
+        else:
+            head_rows = run_head_dim(grid, head_dim, lengths, parts, args.min_seconds, impls)
         for r in sorted(head_rows, key=lambda r: parts.index(r["part"])):  # each part's implementations together
             print(format_row(r), flush=True)
         rows += head_rows

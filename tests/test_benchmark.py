@@ -81,3 +81,42 @@ def test_bench_segments_marks_a_wrong_answer(tmp_path, monkeypatch):
     bench_segments.main(["--json", str(out), "--parts", "fwd", "--min-seconds", "0.01"])
     (row,) = json.loads(out.read_text())["rows"]
     assert row["error"].startswith("wrong") and row["max_error"] > 1e-4 and row["ms"] > 0
+
+
+def _breakdown_documents(grid, random_lengths) -> dict:
+    """--breakdown's case -> the causal documents its visible work is counted on."""
+    equal = [grid.seq // grid.docs] * grid.docs
+    return {"dense, one row": [grid.seq], "dense, batch of equal rows": equal, "segment ids, equal documents": equal,
+            "segment ids, one segment": [grid.seq], "lengths = S": [grid.seq],
+            "segment ids, random documents": random_lengths}
+
+
+def test_bench_segments_breakdown_cpu_grid(tmp_path):
+    out = tmp_path / "breakdown.json"
+    bench_segments.main(["--breakdown", "--json", str(out), "--min-seconds", "0.01"])
+    result = json.loads(out.read_text())
+    grid = bench_segments.CPU_BREAKDOWN_GRID
+    random_lengths = result["header"]["doc_lengths"]
+    assert random_lengths == list(bench_segments.document_lengths(grid.seq, grid.docs)) and grid.seq % grid.docs == 0
+    documents = _breakdown_documents(grid, random_lengths)
+    rows = result["rows"]
+    assert sorted((r["case"], r["part"]) for r in rows) == sorted((c, p) for c in documents for p in ("fwd", "fwd+bwd"))
+    for r in rows:
+        assert r["mode"] == "breakdown" and r["error"] is None and r["max_error"] <= 1e-4  # the check passed
+        pairs = sum(n * (n + 1) // 2 for n in documents[r["case"]])
+        flops = 4 * r["heads"] * r["head_dim"] * pairs * (3.5 if r["part"] == "fwd+bwd" else 1)
+        assert r["flops"] == pytest.approx(flops)
+        assert r["ms"] > 0 and np.isfinite(r["tflops"]) and r["tflops"] > 0
+        assert r["tflops"] == pytest.approx(flops / (r["ms"] * 1e-3) / 1e12)
+        assert r["ratio_to_dense"] > 0
+        if r["case"] == "dense, one row":
+            assert r["ratio_to_dense"] == 1.0
+
+
+def test_bench_segments_breakdown_catches_a_document_leak(tmp_path, monkeypatch):
+    # segment_ids ignored: the documents after the first see their predecessors, which only the check can tell.
+    monkeypatch.setattr(bench_segments, "_flash_packed", bench_segments._flash_dense)
+    out = tmp_path / "breakdown.json"
+    bench_segments.main(["--breakdown", "--json", str(out), "--parts", "fwd", "--min-seconds", "0.01"])
+    wrong = {r["case"] for r in json.loads(out.read_text())["rows"] if (r["error"] or "").startswith("wrong")}
+    assert wrong == {"segment ids, equal documents", "segment ids, random documents"}
