@@ -49,13 +49,13 @@ size_t backward_kernel_workspace_bytes(const AttentionShape& shape) {
 #endif
 }
 
-}  // namespace
-
 // Workspaces hold the kernels' own scratch, then the chunk summaries when there is a token mask.
 size_t workspace_bytes(size_t kernel_bytes, const AttentionShape& shape, const TokenMask& tokens) {
   const size_t chunk_bytes = cuda_kernels::token_chunks_bytes(shape, tokens);
   return chunk_bytes > 0 ? chunks_offset(kernel_bytes) + chunk_bytes : kernel_bytes;
 }
+
+}  // namespace
 
 size_t attention_forward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
   return workspace_bytes(forward_kernel_workspace_bytes(), shape, tokens);
