@@ -170,15 +170,24 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
     }
     return;
   }
-  // Under a token mask the window applies to positions, so every streamed tile is a candidate. A key-major CTA walks
-  // the same query tiles once per query head of its KV group.
+  // Under a token mask with positions the window applies to them, so every streamed tile is a candidate; without,
+  // only those of the dense walk's range, up to the walked side's length. A key-major CTA walks the same query tiles
+  // once per query head of its KV group.
   const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
-  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end,
-                                     kKeyMajor ? query_row : key_row, kStreamed, !kKeyMajor};
-  const int tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
+  const TokenRow& walked_row = kKeyMajor ? query_row : key_row;
+  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end, walked_row,
+                                     kStreamed, !kKeyMajor};
+  int tiles_begin = 0, tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
+  if (!p.tokens.q_positions) {
+    const StreamedWalk<kKeyMajor, kResident, kStreamed> range(p.mask, resident_begin, resident_end, p.seqlen_q,
+                                                              p.seqlen_k, p.group);
+    tiles_begin = range.tile_begin;
+    tiles_end = range.tile_end;
+  }
+  tiles_end = min(tiles_end, (walked_row.live + kStreamed - 1) / kStreamed);
   const int heads = kKeyMajor ? p.group : 1;
   tensor_core::TileWalk<> walk;
-  int n = walk.first_visible(0, tiles_end, sides, p.mask);
+  int n = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
   if (n == tiles_end) {
     if (leader) post_no_tiles();
     return;
@@ -190,7 +199,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
     int next_head_offset = head_offset;
     if (next == tiles_end && head_offset + 1 < heads) {
       next_head_offset = head_offset + 1;
-      next = walk.first_visible(0, tiles_end, sides, p.mask);
+      next = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
     }
     const bool last = next == tiles_end;
     if (leader) load_step(head_offset, TileTicket::make(n, last, full ? TileMasking::kNone : TileMasking::kTokens));

@@ -70,6 +70,7 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
     uint64_t v_full[kStages];
     uint64_t v_empty[kStages];
     int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
+    int2 key_tokens[kStages][kBlockN];  // a partial tile's key (segment id, position), under a token mask
     int work;              // the work tile of the query buffer (work_tiles.cuh)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);

@@ -136,20 +136,36 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
     copy(p.tma_q.with(smem.q_full), get<0>(q_copy), get<1>(q_copy));
   };
+  // Run by every lane, so each keeps the ring position; lane 0 alone waits and issues.
   auto load_keys_and_values = [&](TileTicket ticket) {
-    if (!leader) return;
     const int n = ticket.tile(), stage = state.stage;
-    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
-    ticket.post(&smem.tickets[stage]);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
-    copy(p.tma_k.with(smem.k_full[stage]), get<0>(k_copy)(_, n), get<1>(k_copy)(_, stage));
-    cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.phase);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], Config::kKVBytes);
-    copy(p.tma_v.with(smem.v_full[stage]), get<0>(v_copy)(_, n), get<1>(v_copy)(_, stage));
+    if (leader) {
+      cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
+      ticket.post(&smem.tickets[stage]);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
+      copy(p.tma_k.with(smem.k_full[stage]), get<0>(k_copy)(_, n), get<1>(k_copy)(_, stage));
+      cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.phase);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], Config::kKVBytes);
+      copy(p.tma_v.with(smem.v_full[stage]), get<0>(v_copy)(_, n), get<1>(v_copy)(_, stage));
+    }
     if (++state.stage == Config::kStages) {
       state.stage = 0;
       state.phase ^= 1;
     }
+  };
+
+  // A partial tile's key ids and positions go to shared memory beside its K tile, read by the whole warp in one
+  // round trip, so the consumers' element mask reads each column's with a shared load instead of a global one.
+  // Written once the consumers have released the stage; lane 0's arrival on its "full" barrier then publishes them.
+  auto stage_key_tokens = [&](int n, const TokenRow& keys) {
+    const int stage = state.stage;
+    if (leader) cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
+    __syncwarp();
+    for (int i = threadIdx.x % 32; i < kBlockN; i += 32) {
+      const tensor_core::TokenAt token = tensor_core::token_at(keys, n * kBlockN + i);
+      smem.key_tokens[stage][i] = make_int2(token.segment, token.position);
+    }
+    __syncwarp();
   };
 
   const int row_begin = work.m_block * kBlockM;
@@ -177,6 +193,7 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
   while (n < tiles.end) {
     const bool full = walk.full(n);  // before the next search moves the walk's window
     const int next = walk.first_visible(n + 1, tiles.end, sides, p.mask);
+    if (!full) stage_key_tokens(n, keys);
     load_keys_and_values(TileTicket::make(n, next == tiles.end, full ? TileMasking::kNone : TileMasking::kTokens));
     n = next;
   }
@@ -263,8 +280,9 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 
   const int row_begin = work.m_block * kBlockM;
 
-  // Raw scores of the ticket's key tile, soft-capped, with invisible keys at -inf where the ticket asks for a mask.
-  auto prepare_scores = [&](TileTicket ticket) {
+  // Raw scores of the ticket's key tile (in ring stage `stage`), soft-capped, with invisible keys at -inf where the
+  // ticket asks for a mask. The stage is released after this: a partial tile's key tokens are staged beside K.
+  auto prepare_scores = [&](TileTicket ticket, int stage) {
     if (p.mask.softcap > 0.f) {
       const float inverse_cap = p.scale / p.mask.softcap;
       CUTE_UNROLL
@@ -284,8 +302,15 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
         }
       }
     } else if (ticket.masking() == TileMasking::kTokens) {
-      const uint64_t visible = visible_token_entries<false>(score_rc, query_tokens(p, batch), row_begin,
-                                                            key_tokens(p, batch), key_begin, p.mask);
+      const int live_keys = key_tokens(p, batch).live - key_begin;
+      const int2* staged = smem.key_tokens[stage];
+      const uint64_t visible = visible_token_entries<false>(
+          score_rc, query_tokens(p, batch), row_begin,
+          [&](int key) {
+            const int2 token = staged[key];
+            return tensor_core::TokenAt{key < live_keys, token.x, token.y};
+          },
+          p.mask);
       hide_entries(scores, visible, -INFINITY);
     }
   };
@@ -306,9 +331,9 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   turns.pass();
   warpgroup_wait<0>();
   warpgroup_fence_operand(tSrS);
+  prepare_scores(ticket, k_cursor.stage);
   Barrier::arrive(&smem.k_empty[k_cursor.stage]);
   k_cursor.advance();
-  prepare_scores(ticket);
   softmax.update(scores, rescale);
   to_operand();
 
@@ -322,9 +347,9 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     turns.pass();
     warpgroup_wait<1>();  // S done; P V may still run
     warpgroup_fence_operand(tSrS);
+    prepare_scores(ticket, k_cursor.stage);
     Barrier::arrive(&smem.k_empty[k_cursor.stage]);
     k_cursor.advance();
-    prepare_scores(ticket);
     softmax.update(scores, rescale);
     warpgroup_wait<0>();  // P V done: its V buffer and the P registers are free again
     warpgroup_fence_operand(tOrO);

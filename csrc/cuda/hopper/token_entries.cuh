@@ -19,12 +19,11 @@ using tensor_core::TokenAt;
 using tensor_core::TokenRow;
 
 // Bit r * columns + c is set when entry (r, c) is visible. `coords` holds each entry's (row, column) in the tile;
-// rows are tokens of `rows` from row_begin, columns tokens of `columns` from column_begin. Rows are keys in the
-// key-major backward (kRowsAreKeys).
-template <bool kRowsAreKeys, class Coords>
+// rows are tokens of `rows` from row_begin, and column_token(column) gives the tile's column-th token (TokenAt).
+// Rows are keys in the key-major backward (kRowsAreKeys).
+template <bool kRowsAreKeys, class Coords, class ColumnToken>
 __device__ __forceinline__ uint64_t visible_token_entries(const Coords& coords, const TokenRow& rows, int row_begin,
-                                                          const TokenRow& columns, int column_begin,
-                                                          const AttentionMask& mask) {
+                                                          ColumnToken column_token, const AttentionMask& mask) {
   constexpr int kRows = decltype(cute::size<0>(coords))::value;
   constexpr int kColumns = decltype(cute::size<1>(coords))::value;
   static_assert(kRows * kColumns <= 64, "one 64-bit word of entries");
@@ -34,7 +33,7 @@ __device__ __forceinline__ uint64_t visible_token_entries(const Coords& coords, 
   uint64_t bits = 0;
 #pragma unroll 1
   for (int c = 0; c < kColumns; ++c) {
-    const TokenAt column = token_at(columns, column_begin + cute::get<1>(coords(0, c)));
+    const TokenAt column = column_token(cute::get<1>(coords(0, c)));
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const bool visible =
@@ -43,6 +42,15 @@ __device__ __forceinline__ uint64_t visible_token_entries(const Coords& coords, 
     }
   }
   return bits;
+}
+
+// The same with the columns read from global memory: tokens of `columns` from column_begin.
+template <bool kRowsAreKeys, class Coords>
+__device__ __forceinline__ uint64_t visible_token_entries(const Coords& coords, const TokenRow& rows, int row_begin,
+                                                          const TokenRow& columns, int column_begin,
+                                                          const AttentionMask& mask) {
+  return visible_token_entries<kRowsAreKeys>(
+      coords, rows, row_begin, [&](int column) { return token_at(columns, column_begin + column); }, mask);
 }
 
 // Sets every entry of `view` whose bit is clear to `hidden`.
