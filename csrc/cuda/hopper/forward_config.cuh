@@ -17,23 +17,24 @@ namespace jax_flash::cuda_kernels::hopper {
 
 using namespace cute;
 
-// Registers of the producer warpgroup (tiles.cuh): up to head dim 128 the consumers run without spills at 224, so the
-// persistent loop and the token walk get 56, enough to read four chunk summaries per round trip (token_tiles.cuh);
-// at 256 the consumers' output tile needs 240, and the walk reads one at a time and spills a few values to L1.
-template <int kHeadDim>
-inline constexpr int kForwardProducerRegisters = kHeadDim <= 128 ? 56 : 24;
-template <int kHeadDim>
-inline constexpr int kForwardWalkChunks = kHeadDim <= 128 ? 4 : 1;
+// Registers of the producer warpgroup (tiles.cuh). Two consumer warpgroups up to head dim 128 run without spills at
+// 224, so the persistent loop and the token walk get 56, enough to read four chunk summaries per round trip
+// (token_tiles.cuh); at 256 the consumers' output tile needs 240, leaving 24. Three consumer warpgroups get 160 each,
+// leaving 32. Below 56 the walk reads one summary at a time and spills a few values to L1.
+template <int kHeadDim, int kConsumerWarpgroups>
+inline constexpr int kForwardProducerRegisters = kConsumerWarpgroups != 2 ? 32 : kHeadDim <= 128 ? 56 : 24;
+template <int kProducerRegisters>
+inline constexpr int kForwardWalkChunks = kProducerRegisters >= 56 ? 4 : 1;
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
-struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>> {
+struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static constexpr int kWalkChunks = kForwardWalkChunks<kHeadDim_>;
-  using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_>>;
+  using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>>;
+  static constexpr int kWalkChunks = kForwardWalkChunks<Roles::kProducerRegisters>;
   using Roles::kConsumerWarpgroups;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows need head_dim in multiples of 64 elements");
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0);

@@ -23,6 +23,7 @@
 #include "forward_config.cuh"
 #include "accumulator_store.cuh"
 #include "online_softmax.cuh"
+#include "tile_mask.cuh"
 #include "tile_tickets.cuh"
 #include "token_entries.cuh"
 #include "warpgroup_gemm.cuh"
@@ -292,13 +293,16 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     }
     const int key_begin = ticket.tile() * kBlockN;
     if (ticket.masking() == TileMasking::kWindow) {
+      // int32 compares of tile-relative coordinates (tile_mask.cuh): the causal diagonal of every work tile runs
+      // this, on the path from its Q K^T to its softmax.
+      const TileMask tile_mask(p.mask, p.seqlen_k, row_begin, key_begin);
       CUTE_UNROLL
       for (int r = 0; r < size<0>(scores); ++r) {
+        const TileMask::KeyRange seen = tile_mask.keys_seen_by(get<0>(score_rc(r, 0)));
         CUTE_UNROLL
         for (int c = 0; c < size<1>(scores); ++c) {
-          const int row = row_begin + get<0>(score_rc(r, c));
-          const int key = key_begin + get<1>(score_rc(r, c));
-          if (key >= p.seqlen_k || !key_visible(p.mask, row, key)) scores(r, c) = -INFINITY;
+          const int key = get<1>(score_rc(r, c));
+          if (key < seen.first || key > seen.last) scores(r, c) = -INFINITY;
         }
       }
     } else if (ticket.masking() == TileMasking::kTokens) {

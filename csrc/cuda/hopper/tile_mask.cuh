@@ -31,6 +31,14 @@ struct TileMask {
     const int offset = key - query;
     return key < key_end && offset >= offset_low && offset <= offset_high;
   }
+
+  // The tile-relative keys [first, last] that query `query` sees: two compares per element of a row.
+  struct KeyRange {
+    int first, last;
+  };
+  __device__ __forceinline__ KeyRange keys_seen_by(int query) const {
+    return {query + offset_low, min(query + offset_high, key_end - 1)};
+  }
 };
 
 }  // namespace jax_flash::cuda_kernels::hopper
