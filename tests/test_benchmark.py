@@ -78,7 +78,8 @@ def test_bench_segments_marks_a_wrong_answer(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_segments, "_implementations", lambda on_gpu: {
         "returns q": ("packed", lambda q, k, v, ids: q)})
     out = tmp_path / "segments.json"
-    bench_segments.main(["--json", str(out), "--parts", "fwd", "--min-seconds", "0.01"])
+    # One head dim, so one row, on any machine (a GPU's default is two).
+    bench_segments.main(["--json", str(out), "--parts", "fwd", "--head-dims", "32", "--min-seconds", "0.01"])
     (row,) = json.loads(out.read_text())["rows"]
     assert row["error"].startswith("wrong") and row["max_error"] > 1e-4 and row["ms"] > 0
 
