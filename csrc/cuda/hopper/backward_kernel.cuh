@@ -194,7 +194,8 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
   if (leader) load_resident();
   for (int head_offset = 0;;) {
-    const bool full = walk.full(n);  // before the next search moves the walk's window
+    // Before the next search moves the walk's window.
+    const TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
     int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
     int next_head_offset = head_offset;
     if (next == tiles_end && head_offset + 1 < heads) {
@@ -202,7 +203,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       next = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
     }
     const bool last = next == tiles_end;
-    if (leader) load_step(head_offset, TileTicket::make(n, last, full ? TileMasking::kNone : TileMasking::kTokens));
+    if (leader) load_step(head_offset, TileTicket::make(n, last, masking));
     if (last) return;
     n = next;
     head_offset = next_head_offset;

@@ -192,10 +192,11 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
   int n = walk.first_visible(tiles.begin, tiles.end, sides, p.mask);
   start_work(n < tiles.end);
   while (n < tiles.end) {
-    const bool full = walk.full(n);  // before the next search moves the walk's window
+    // Before the next search moves the walk's window.
+    const TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
     const int next = walk.first_visible(n + 1, tiles.end, sides, p.mask);
-    if (!full) stage_key_tokens(n, keys);
-    load_keys_and_values(TileTicket::make(n, next == tiles.end, full ? TileMasking::kNone : TileMasking::kTokens));
+    if (masking == TileMasking::kTokens) stage_key_tokens(n, keys);
+    load_keys_and_values(TileTicket::make(n, next == tiles.end, masking));
     n = next;
   }
 }

@@ -10,6 +10,7 @@
 
 #include "../../attention_mask.h"
 #include "../tensor_core/token_tiles.cuh"
+#include "tile_tickets.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -17,6 +18,15 @@ using tensor_core::pair_visible;
 using tensor_core::token_at;
 using tensor_core::TokenAt;
 using tensor_core::TokenRow;
+
+// The masking a tile the token walk just returned needs: none when full; the window's rule alone when its tokens are
+// uniform and the window applies to token indices (no positions), as on the causal diagonal inside a document;
+// otherwise the per-token test below.
+template <class Walk>
+__device__ __forceinline__ TileMasking token_tile_masking(const Walk& walk, int tile, bool has_positions) {
+  if (walk.full(tile)) return TileMasking::kNone;
+  return walk.uniform(tile) && !has_positions ? TileMasking::kWindow : TileMasking::kTokens;
+}
 
 // Bit r * columns + c is set when entry (r, c) is visible. `coords` holds each entry's (row, column) in the tile;
 // rows are tokens of `rows` from row_begin, and column_token(column) gives the tile's column-th token (TokenAt).

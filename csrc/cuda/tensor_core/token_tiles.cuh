@@ -93,7 +93,10 @@ __device__ __forceinline__ TokenSpan chunk_span(const ChunkRow& row, int begin, 
   return span;
 }
 
-enum class TileKind { kEmpty, kPartial, kFull };
+// kUniform: every token of both tiles is live and of one segment, but the window may hide some pairs. Where the
+// window applies to token indices (no positions given), a kernel may mask such a tile with the window's rule alone,
+// which is cheaper than the per-token test of a kPartial tile (the diagonal tiles of causal documents).
+enum class TileKind { kEmpty, kPartial, kUniform, kFull };
 
 // The same rule as token_visible, applied to ranges: conservative, kPartial is always a correct answer.
 __device__ __forceinline__ TileKind classify(const TokenSpan& q, const TokenSpan& k, const AttentionMask& mask) {
@@ -107,7 +110,8 @@ __device__ __forceinline__ TileKind classify(const TokenSpan& q, const TokenSpan
       q.segment_min == q.segment_max && k.segment_min == k.segment_max && q.segment_min == k.segment_min;
   const bool inside_window = (left < 0 || k.position_min >= int64_t{q.position_max} - left) &&
                              (right < 0 || k.position_max <= int64_t{q.position_min} + right);
-  return q.whole && k.whole && one_segment && inside_window ? TileKind::kFull : TileKind::kPartial;
+  if (!(q.whole && k.whole && one_segment)) return TileKind::kPartial;
+  return inside_window ? TileKind::kFull : TileKind::kUniform;
 }
 
 // The two sides of a block's walk: its own tile (query rows, or keys for dk/dv) and the row of the side it walks in
@@ -129,7 +133,7 @@ class TileWalk {
   // The first non-empty tile in [tile, end), or end if none.
   __device__ __forceinline__ int64_t first_visible(int64_t tile, int64_t end, const WalkSides& sides,
                                                    const AttentionMask& mask) {
-    // Tile indices fit 32 bits (sequences are shorter than 2^31 tokens); the state then takes three registers.
+    // Tile indices fit 32 bits (sequences are shorter than 2^31 tokens); the state then takes four registers.
     while (tile < end) {
       if (tile < base_ || tile >= base_ + kWindow) classify_window(static_cast<int>(tile), end, sides, mask);
       const unsigned ahead = visible_ >> (tile - base_);
@@ -141,6 +145,8 @@ class TileWalk {
 
   // Whether a tile just returned by first_visible needs no element mask.
   __device__ __forceinline__ bool full(int64_t tile) const { return (full_ >> (tile - base_)) & 1u; }
+  // Whether it is kUniform (see TileKind).
+  __device__ __forceinline__ bool uniform(int64_t tile) const { return (uniform_ >> (tile - base_)) & 1u; }
 
  private:
   __device__ __forceinline__ void classify_window(int base, int64_t end, const WalkSides& sides,
@@ -156,6 +162,7 @@ class TileWalk {
     }
     visible_ = __ballot_sync(0xffffffffu, kind != TileKind::kEmpty);
     full_ = __ballot_sync(0xffffffffu, kind == TileKind::kFull);
+    uniform_ = __ballot_sync(0xffffffffu, kind == TileKind::kUniform);
   }
 
   static constexpr int kWindow = 32;  // a tile per lane
@@ -163,6 +170,7 @@ class TileWalk {
   int base_ = -kWindow;  // the window [base_, base_ + kWindow) holds no tile before the first search
   unsigned visible_ = 0;
   unsigned full_ = 0;
+  unsigned uniform_ = 0;
 };
 
 // One token's inputs as token_visible reads them. A token past the row's live count (the length, or the sequence
