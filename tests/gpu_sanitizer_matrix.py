@@ -5,9 +5,9 @@
 
 Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
 GQA and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that
-leave tiles empty, partial and full. The last case of each list has more work tiles than an H200 has SMs, so each
-CTA of the persistent Hopper forward takes several, handing its query buffer over between them. Exits non-zero if a
-result is not finite.
+leave tiles empty, partial and full. The last case of each list has more work tiles (144) than an H200 has SMs
+(132), so some CTAs of the persistent Hopper forward take two, handing their query buffer over; they are kept small
+because racecheck's cost grows with every shared-memory access. Exits non-zero if a result is not finite.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CASES = [
     (190, 77, 2, 1, 160, True, None, None),
     (65, 129, 2, 2, 192, False, None, 5.0),
     (129, 65, 4, 2, 256, True, (30, 0), None),
-    (640, 640, 40, 8, 64, True, None, None),
+    (256, 256, 36, 6, 64, True, None, None),
 ]
 
 TOKEN_CASES = [
@@ -39,7 +39,7 @@ TOKEN_CASES = [
     (300, 300, 4, 2, 64, True, None, "segments"),
     (129, 257, 4, 1, 128, False, None, "lengths"),
     (250, 250, 2, 2, 256, True, (40, 0), "segments+positions"),
-    (600, 600, 32, 8, 128, True, None, "segments"),
+    (256, 256, 36, 6, 128, True, None, "segments"),
 ]
 
 
