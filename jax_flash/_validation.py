@@ -13,16 +13,22 @@ from jax_flash._primitives import MAX_HEAD_DIM
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_qkv(query, key, value) -> None:
-    """Shapes [B, S, H, D] (or [S, H, D] for all three) and dtypes of query, key and value."""
+def dtype_names(dtypes) -> str:
+    """'float32, float16 and bfloat16'."""
+    names = [jnp.dtype(d).name for d in dtypes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def check_qkv(query, key, value, dtypes=SUPPORTED_DTYPES) -> None:
+    """Shapes [B, S, H, D] (or [S, H, D] for all three) and dtypes (one of `dtypes`) of query, key and value."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")
         if x.ndim not in (3, 4):
             raise ValueError(f"{name} must have rank 4 [batch, seq, heads, head_dim] or rank 3 [seq, heads, "
                              f"head_dim], got shape {x.shape}")
-        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are float32, float16 and bfloat16")
+        if jnp.dtype(x.dtype) not in dtypes:
+            raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are {dtype_names(dtypes)}")
         if 0 in x.shape:
             raise ValueError(f"{name} has a zero-length axis: shape {x.shape}")
     if not query.ndim == key.ndim == value.ndim:

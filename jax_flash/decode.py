@@ -28,7 +28,8 @@ def _check_array(name, x, ndim, what):
 
 def _check_float(name, x):
     if jnp.dtype(x.dtype) not in _validation.SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are float32, float16 and bfloat16")
+        raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are "
+                        f"{_validation.dtype_names(_validation.SUPPORTED_DTYPES)}")
 
 
 def _int32(name, x, shape, what):
