@@ -5,7 +5,8 @@
     python -m jax_flash.benchmark --memory   # peak host memory of a long forward, each implementation in a subprocess
 
 Every jax_flash result is checked against the float32 reference before it is timed. FLOPs: forward 4*B*H*Sq*Sk*D
-(halved when causal); forward+backward 3.5x the forward.
+(halved when causal); forward+backward 3.5x the forward. The FP8 rows (full and features grids) time
+jax_flash.dot_product_attention_fp8 on e4m3 inputs, forward only, and the peers on the same values in bfloat16.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def _grid(name: str, on_gpu: bool) -> list[Case]:
         return anchors
     if name == "quick":  # one cell per head dim and mask, for a fast look while developing
         return [c for c in anchors if c.seq == 4096]
-    # GQA 32/8, fp16, and the cost of a window or a softcap against the plain mask at the same visible work.
+    # GQA 32/8, fp16, FP8 (forward only), and the cost of a window or a softcap against the plain mask at the same
+    # visible work.
     extras = ([Case(16384 // s, s, 32, 128, c, "bfloat16", heads_kv=8) for s in (4096, 16384) for c in (False, True)]
               + [Case(4, 4096, 16, 128, c, "float16") for c in (False, True)]
+              + [Case(1, 16384, 16, 128, c, FP8) for c in (False, True)]
               + [Case(1, 16384, 16, 128, True, "bfloat16", window=(4096, 0)),
                  Case(1, 16384, 16, 128, False, "bfloat16", softcap=30.0),
                  Case(1, 16384, 16, 128, True, "bfloat16", softcap=30.0)])
@@ -73,6 +76,25 @@ def _grid(name: str, on_gpu: bool) -> list[Case]:
     if name == "features":
         return extras
     raise ValueError(f"unknown grid {name!r}")
+
+
+FP8 = "float8_e4m3fn"
+
+
+def _random_inputs(case: Case):
+    """q, k, v of the case, standard normal. FP8 cases draw bfloat16 and round it to e4m3 (its range holds them,
+    so every per-tensor scale is 1); the peers, which take no FP8, get the same values as bfloat16 (_peer_inputs)."""
+    keys = jax.random.split(jax.random.key(hash(case) % 2**31), 3)
+    kv_shape = (case.batch, case.seq, case.heads_kv or case.heads, case.head_dim)
+    draw_dtype = jnp.bfloat16 if case.dtype == FP8 else case.dtype
+    q = jax.random.normal(keys[0], (case.batch, case.seq, case.heads, case.head_dim), draw_dtype)
+    k, v = (jax.random.normal(key, kv_shape, draw_dtype) for key in keys[1:])
+    return tuple(x.astype(case.dtype) for x in (q, k, v))
+
+
+def _peer_inputs(impl: str, case: Case, q, k, v):
+    """What impl runs on: the case's inputs, or for an FP8 case and a peer their bfloat16 values (made once, untimed)."""
+    return (q, k, v) if impl == "jax_flash" or case.dtype != FP8 else tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
 
 
 def _fa3():
@@ -91,6 +113,10 @@ def _peers(on_gpu: bool) -> list[str]:
 def _attention(impl: str, case: Case):
     """impl's attention on this case's mask, or None when impl has no such option (jax.nn has no softcap)."""
     causal, window = case.causal, case.window
+    if impl == "jax_flash" and case.dtype == FP8:
+        return lambda q, k, v: jax_flash.dot_product_attention_fp8(
+            q, k, v, query_scale=1.0, key_scale=1.0, value_scale=1.0, is_causal=causal, local_window_size=window,
+            softcap=case.softcap)
     if impl == "jax_flash":
         return lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
                                                                softcap=case.softcap)
@@ -140,7 +166,7 @@ def _check(case: Case, q, k, v) -> float:
         ref = jax_flash.dot_product_attention(q1, k1, v1, is_causal=case.causal, local_window_size=case.window,
                                               softcap=case.softcap, implementation="xla")
     err = float(jnp.max(jnp.abs(ours - ref)))
-    tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}[case.dtype]
+    tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3, FP8: 3e-2}[case.dtype]  # FP8 runs in bf16
     if not err <= tolerance:
         raise AssertionError(f"jax_flash disagrees with the reference on {case}: max abs error {err}")
     return err
@@ -153,13 +179,12 @@ def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, 
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
     for case in tqdm(cases, desc="benchmark", unit="case"):
-        keys = jax.random.split(jax.random.key(hash(case) % 2**31), 3)
-        kv_shape = (case.batch, case.seq, case.heads_kv or case.heads, case.head_dim)
-        q = jax.random.normal(keys[0], (case.batch, case.seq, case.heads, case.head_dim), case.dtype)
-        k, v = (jax.random.normal(key, kv_shape, case.dtype) for key in keys[1:])
+        q, k, v = _random_inputs(case)
         err = _check(case, q, k, v)
         flops_fwd = 4 * case.batch * case.heads * case.visible_pairs() * case.head_dim
         for part in parts:
+            if part == "fwd+bwd" and case.dtype == FP8:
+                continue  # FP8 attention is for inference: forward only
             flops = flops_fwd * (3.5 if part == "fwd+bwd" else 1)
             for impl in impls:
                 fn = _attention(impl, case)
@@ -167,7 +192,7 @@ def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, 
                     if fn is None:
                         raise NotImplementedError(f"{impl} has no option for this case")
                     fn = jax.jit(fn if part == "fwd" else _fwd_bwd(fn))
-                    seconds = _time(fn, (q, k, v), min_seconds)
+                    seconds = _time(fn, _peer_inputs(impl, case, q, k, v), min_seconds)
                 except Exception as e:  # a peer that cannot run this case is reported, not fatal
                     tqdm.write(f"{impl} failed on {case} {part}: {type(e).__name__}: {str(e)[:200]}")
                     seconds = float("nan")

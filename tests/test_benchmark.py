@@ -30,6 +30,19 @@ def test_check_rejects_a_wrong_answer(monkeypatch):
         benchmark._check(case, q, k, v)
 
 
+def test_fp8_case_is_forward_only_and_peers_run_on_the_same_values(monkeypatch):
+    case = benchmark.Case(1, 40, 2, 32, True, benchmark.FP8)
+    q, k, v = benchmark._random_inputs(case)
+    assert q.dtype == jnp.float8_e4m3fn
+    peer_q, _, _ = benchmark._peer_inputs("xla", case, q, k, v)
+    np.testing.assert_array_equal(np.asarray(peer_q, np.float32), np.asarray(q, np.float32))
+    monkeypatch.setattr(benchmark, "_grid", lambda name, on_gpu: [case])
+    rows = benchmark.run("full", ("fwd", "fwd+bwd"), 0.01)
+    assert sorted((r["impl"], r["part"]) for r in rows) == [("jax_flash", "fwd"), ("xla", "fwd")]
+    assert all(r["ms"] > 0 and np.isfinite(r["tflops"]) for r in rows)
+    assert next(r for r in rows if r["impl"] == "jax_flash")["max_abs_err"] <= 3e-2  # the check passed
+
+
 @pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, (5, 0)), (False, (3, 7))])
 def test_visible_pairs_counts_the_mask(causal, window):
     case = benchmark.Case(1, 50, 1, 32, causal, "float32", window=window)
