@@ -9,8 +9,10 @@
 #   WHEEL=dist/jax_flash-*.whl STEPS=wheel bash tests/gpu_checks.sh
 #                                                 # a built wheel in a fresh venv: the GPU tests from outside the tree
 #
-# Knobs: CUTLASS_WHEEL (see below), WHEEL (the wheel step), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark sequence lengths,
-# default all), TEST_WORKERS (default 8), TEST_SECONDS (default 480), and the usual JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
+# Knobs: CUTLASS_WHEEL (see below), FA3_WHEEL (a flash-attn3-jax wheel, unpacked so the benchmark runs it as a peer),
+# WHEEL (the wheel step), JAX_FLASH_CUDA_ARCHITECTURES (default 90a-real), GRID (default anchors), SEQS (benchmark
+# sequence lengths, default all), TEST_WORKERS (default 8), TEST_SECONDS (default 480), and the usual
+# JAX_FLASH_HEAD_DIMS / JAX_FLASH_DTYPES pruning.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/gpu-checks}
@@ -23,6 +25,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} XLA_PY
 if [[ -n "${CUTLASS_WHEEL:-}" ]]; then
   python3 -m pip install -q --no-deps --target /tmp/jax_flash_cutlass "$CUTLASS_WHEEL"
   export PYTHONPATH=/tmp/jax_flash_cutlass${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [[ -n "${FA3_WHEEL:-}" ]]; then
+  python3 -m pip install -q --no-deps --target /tmp/jax_flash_fa3 "$FA3_WHEEL"
+  export PYTHONPATH=/tmp/jax_flash_fa3${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$target${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
