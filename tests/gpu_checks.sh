@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the project checks on a GPU machine, in one call, with logs under $OUT (default: ./gpu-checks):
 #   build (one architecture by default), the GPU half of the test suite, compute-sanitizer memcheck and racecheck on
-#   tests/gpu_sanitizer_matrix.py, the standalone decode harness, and a benchmark grid beside cuDNN (and
-#   flash-attn3-jax when importable).
+#   tests/gpu_sanitizer_matrix.py, the standalone decode harness (and its checks under memcheck), and a benchmark
+#   grid beside cuDNN (and flash-attn3-jax when importable).
 #
 #   bash tests/gpu_checks.sh                      # all steps
 #   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
@@ -78,6 +78,10 @@ if has decode; then
     "$repo/csrc/cuda/decode_split.cu" "$repo/csrc/cuda/decode_kv_update.cu" -o /tmp/decode_harness \
     && /tmp/decode_harness >"$out/decode_harness.log" 2>&1
   elapsed "decode harness exit $?: $(tail -n 1 "$out/decode_harness.log")"
+  # Its correctness cases again, under memcheck (the decode cases of the sanitizer step go through JAX).
+  compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/decode_harness --check-only \
+    >"$out/decode_harness_memcheck.log" 2>&1
+  elapsed "decode harness memcheck exit $?: $(grep -E 'SUMMARY' "$out/decode_harness_memcheck.log")"
 fi
 if has benchmark; then
   python3 -m jax_flash.benchmark --grid "${GRID:-anchors}" ${SEQS:+--seqs "$SEQS"} --json "$out/benchmark.json" \

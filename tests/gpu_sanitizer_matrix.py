@@ -7,7 +7,12 @@ Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head
 GQA and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that
 leave tiles empty, partial and full. The last case of each list has more work tiles (144) than an H200 has SMs
 (132), so some CTAs of the persistent Hopper forward take two, handing their query buffer over; they are kept small
-because racecheck's cost grows with every shared-memory access. Exits non-zero if a result is not finite.
+because racecheck's cost grows with every shared-memory access. Then decode: contiguous and paged caches written
+by update_kv_cache (rows aimed past the capacity among them, which it drops), ragged lengths from 0 to the capacity,
+q_len 1 to 4, GQA, a window and a softcap, and one cache long enough for the key axis to be split across blocks.
+Every cache entry past a sequence's length holds a zero key and a value of 60000: attention output is a convex
+combination of the values it reads, so a read of such an entry shows as an output beyond the valid values' range.
+Exits non-zero if a result is not finite (or, for decode, out of that range).
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ TOKEN_CASES = [
     (129, 257, 4, 1, 128, False, None, "lengths"),
     (250, 250, 2, 2, 256, True, (40, 0), "segments+positions"),
     (256, 256, 36, 6, 128, True, None, "segments"),
+]
+
+
+DECODE_CASES = [
+    # (capacity, heads_q, heads_kv, head_dim, q_len, page_size or None for a contiguous cache, window, softcap)
+    (200, 8, 2, 128, 1, None, None, None),
+    (336, 4, 4, 64, 4, None, (50, 0), None),
+    (256, 8, 1, 256, 3, 16, None, 30.0),
+    (4096, 32, 8, 128, 1, 64, None, None),
 ]
 
 
@@ -79,8 +93,51 @@ def main() -> int:
         finite = np.isfinite(float(value)) and all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
         print(case, jnp.dtype(dtype).name, "ok" if finite else "NOT FINITE", flush=True)
         failures += not finite
+    for case, dtype in itertools.product(DECODE_CASES, (jnp.bfloat16, jnp.float16)):
+        ok = decode_reads_only_valid_entries(case, dtype)
+        print("decode", case, jnp.dtype(dtype).name, "ok" if ok else "NOT FINITE OR OUT OF RANGE", flush=True)
+        failures += not ok
     return 1 if failures else 0
 
+
+def decode_reads_only_valid_entries(case, dtype) -> bool:
+    """A cache of random rows below each sequence's length and sentinel rows from there on (a zero key, values of
+    60000): update_kv_cache writes each sequence's last q_len rows, then decode_attention reads the cache. True if
+    every output is finite and within the range of the values the sequence may read."""
+    capacity, heads_q, heads_kv, head_dim, q_len, page_size, window, softcap = case
+    rng = np.random.default_rng(capacity)
+    lengths = np.array([0, capacity, q_len - 1 if q_len > 1 else 1, capacity // 3 + q_len], np.int32)
+    batch = len(lengths)
+    # Rows start at length - q_len, traced so that update_kv_cache drops the ones before 0 instead of raising; the
+    # second sequence's fill the cache up to its capacity.
+    positions = jnp.asarray(lengths - q_len)
+    new_k, new_v = (np.asarray(jnp.asarray(rng.standard_normal((batch, q_len, heads_kv, head_dim)), dtype), np.float32)
+                    for _ in range(2))
+    valid = (np.arange(capacity)[None, :] < (lengths - q_len)[:, None])[:, :, None, None]
+    shape = (batch, capacity, heads_kv, head_dim)
+    dense_k = np.where(valid, rng.standard_normal(shape), 0.0)
+    dense_v = np.where(valid, rng.standard_normal(shape), 60000.0)
+    table = None
+    if page_size is not None:
+        pages = capacity // page_size
+        table = jnp.asarray(rng.permutation(batch * pages).reshape(batch, pages).astype(np.int32))
+        # Logical page i of sequence b is physical page table[b, i].
+        order = np.argsort(np.asarray(table).reshape(-1))
+        dense_k, dense_v = (x.reshape(batch * pages, page_size, heads_kv, head_dim)[order] for x in (dense_k, dense_v))
+
+    @jax.jit
+    def step(k_cache, v_cache, query, positions):
+        k_cache, v_cache = jax_flash.update_kv_cache(k_cache, v_cache, jnp.asarray(new_k, dtype),
+                                                     jnp.asarray(new_v, dtype), positions, page_table=table)
+        return jax_flash.decode_attention(query, k_cache, v_cache, jnp.asarray(lengths), local_window_size=window,
+                                          softcap=softcap, page_table=table)
+
+    query = jnp.asarray(rng.standard_normal((batch, q_len, heads_q, head_dim)), dtype)
+    out = np.asarray(step(jnp.asarray(dense_k, dtype), jnp.asarray(dense_v, dtype), query, positions), np.float32)
+    # Every value a sequence may read is one of the random rows or the new ones: all far below the sentinel.
+    bound = 1.01 * max(np.max(np.abs(np.asarray(jnp.asarray(dense_v, dtype), np.float32)[dense_v < 60000.0])),
+                       np.max(np.abs(new_v)))
+    return bool(np.all(np.isfinite(out)) and np.max(np.abs(out)) <= bound)
 
 if __name__ == "__main__":
     sys.exit(main())
