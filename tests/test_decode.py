@@ -112,6 +112,25 @@ def test_long_cache_is_split(platform, rng):
     check_against_reference(platform, q, k, v, np.asarray([4001], np.int32))
 
 
+@pytest.mark.parametrize("max_len", [40, 4099])  # one split, several splits merged by their lse
+def test_nan_in_a_visible_entry_propagates(platform, rng, max_len):
+    """A NaN key among a sequence's visible entries makes its queries' output and lse NaN (as jax.nn and
+    dot_product_attention give), not 0; a NaN past the length is never read; other sequences are unaffected."""
+    q = normal(rng, (3, 1, 4, 64), jnp.bfloat16, platform)
+    k = np.array(normal(rng, (3, max_len, 2, 64), jnp.float32, platform))
+    v = normal(rng, (3, max_len, 2, 64), jnp.bfloat16, platform)
+    lengths = np.asarray([max_len, max_len - 10, 7], np.int32)
+    k[0, max_len // 2, 0, 5] = np.nan  # visible: sequence 0, kv head 0 (query heads 0 and 1)
+    k[1, max_len - 3, :, :] = np.nan  # past sequence 1's length
+    k = put(jnp.asarray(k, jnp.bfloat16), platform)
+    out, lse = jax.jit(lambda *a: jax_flash.decode_attention(*a, return_lse=True))(
+        q, k, v, put(jnp.asarray(lengths), platform))
+    out, lse = np.asarray(out, np.float32), np.asarray(lse)
+    assert np.all(np.isnan(out[0, :, :2])) and np.all(np.isnan(lse[0, :2]))
+    assert np.all(np.isfinite(out[0, :, 2:])) and np.all(np.isfinite(lse[0, 2:]))
+    assert np.all(np.isfinite(out[1:])) and np.all(np.isfinite(lse[1:]))
+
+
 @pytest.mark.parametrize("page_size,q_len,dtype", [(16, 1, "bfloat16"), (32, 4, "float32"), (64, 2, "float16")])
 def test_paged_equals_contiguous(platform, rng, page_size, q_len, dtype):
     dtype = DTYPES[dtype]

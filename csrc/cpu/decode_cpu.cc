@@ -85,9 +85,13 @@ void decode_task(const DecodeParams& p, int64_t b, int64_t hk, int64_t row_begin
 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t index = split * out.rows + out_row(p, b, hk, row_begin + r);
-    const float sum = t.row_sum[r], inverse = sum > 0.f ? 1.f / sum : 0.f;
+    // A sum of 0: no visible key (output 0, lse -inf). A NaN sum (a NaN among the visible entries) stays NaN, in the
+    // lse too, so the merge passes it on as the forward and jax.nn do.
+    const float sum = t.row_sum[r];
+    const bool seen = !(sum == 0.f);
+    const float inverse = seen ? 1.f / sum : 0.f;
     for (int64_t x = 0; x < d; ++x) out.o[index * d + x] = t.o[r * d + x] * inverse;
-    out.lse[index] = sum > 0.f ? t.row_max[r] + std::log(sum) : -INFINITY;
+    out.lse[index] = seen ? t.row_max[r] + std::log(sum) : -INFINITY;
   }
 }
 
@@ -95,10 +99,16 @@ void decode_task(const DecodeParams& p, int64_t b, int64_t hk, int64_t row_begin
 void merge_row(const DecodeParams& p, const Partials& parts, int64_t row, std::vector<float>& acc) {
   const int64_t d = p.cache.head_dim;
   float max_lse = -INFINITY;
-  for (int64_t s = 0; s < parts.splits; ++s) max_lse = std::max(max_lse, parts.lse[s * parts.rows + row]);
+  for (int64_t s = 0; s < parts.splits; ++s) {
+    const float lse = parts.lse[s * parts.rows + row];
+    max_lse = std::isnan(lse) || std::isnan(max_lse) ? NAN : std::max(max_lse, lse);
+  }
   std::fill(acc.begin(), acc.end(), 0.f);
   float total = 0.f;
-  if (max_lse > -INFINITY) {
+  if (std::isnan(max_lse)) {
+    std::fill(acc.begin(), acc.end(), NAN);
+    total = NAN;
+  } else if (max_lse > -INFINITY) {
     for (int64_t s = 0; s < parts.splits; ++s) {
       const float weight = std::exp(parts.lse[s * parts.rows + row] - max_lse);
       if (weight == 0.f) continue;
@@ -106,10 +116,10 @@ void merge_row(const DecodeParams& p, const Partials& parts, int64_t row, std::v
       for (int64_t x = 0; x < d; ++x) acc[x] += weight * parts.o[(s * parts.rows + row) * d + x];
     }
   }
-  cpu::store_floats(p.dtype, acc.data(), total > 0.f ? 1.f / total : 0.f, d, p.out, row * d);
+  cpu::store_floats(p.dtype, acc.data(), total == 0.f ? 0.f : 1.f / total, d, p.out, row * d);
   // out rows are [b, i, h]; lse is [b, h, i].
   const int64_t h = row % p.heads_q, i = (row / p.heads_q) % p.q_len, b = row / (p.heads_q * p.q_len);
-  p.lse[(b * p.heads_q + h) * p.q_len + i] = total > 0.f ? max_lse + std::log(total) : -INFINITY;
+  p.lse[(b * p.heads_q + h) * p.q_len + i] = total == 0.f ? -INFINITY : max_lse + std::log(total);
 }
 
 }  // namespace

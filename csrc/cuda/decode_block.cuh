@@ -131,8 +131,9 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
       sum = fmaf(state_sum[s * kRows + r], weight, sum);
       acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
     }
-    const float value = sum > 0.f ? acc / sum : 0.f;
-    const float lse2 = sum > 0.f ? max_all + log2f(sum) : -INFINITY;
+    // A sum of 0: nothing visible. A NaN sum (a NaN among the visible entries) stays NaN, so the combine passes it on.
+    const float value = sum == 0.f ? 0.f : acc / sum;
+    const float lse2 = sum == 0.f ? -INFINITY : max_all + log2f(sum);
     const int row = row0 + r;
     const int64_t target = out_row(p, b, hk, row);
     if (splits == 1) {

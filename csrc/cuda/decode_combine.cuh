@@ -42,11 +42,13 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   const float lse = static_cast<int>(threadIdx.x) < splits ? parts.lse[threadIdx.x * rows_out + row] : -INFINITY;
-  const float max_all = combine_block_reduce(lse, [](float a, float b) { return fmaxf(a, b); }, scratch);
+  // A NaN partial (a NaN among its visible entries) makes the maximum NaN, and with it the row's output and lse.
+  const float max_all =
+      combine_block_reduce(lse, [](float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }, scratch);
   // With nothing visible anywhere the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
   const float unnormalised = exp2f(lse - (max_all == -INFINITY ? 0.f : max_all));
   const float total = combine_block_reduce(unnormalised, [](float a, float b) { return a + b; }, scratch);
-  weight[threadIdx.x] = total > 0.f ? unnormalised / total : 0.f;
+  weight[threadIdx.x] = total == 0.f ? 0.f : unnormalised / total;
   __syncthreads();
 
   for (int64_t col0 = 0; col0 < d; col0 += 4 * 32) {
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
   if (threadIdx.x == 0) {
     // out rows are [b, i, h]; lse is [b, h, i].
     const int64_t h = row % p.heads_q, i = (row / p.heads_q) % p.q_len, b = row / (p.heads_q * p.q_len);
-    p.lse[(b * p.heads_q + h) * p.q_len + i] = total > 0.f ? (max_all + log2f(total)) * kLn2 : -INFINITY;
+    p.lse[(b * p.heads_q + h) * p.q_len + i] = total == 0.f ? -INFINITY : (max_all + log2f(total)) * kLn2;
   }
 }
 
