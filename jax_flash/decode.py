@@ -114,7 +114,7 @@ def decode_attention(query, key_cache, value_cache, cache_lengths, *, scale=None
 
     Returns:
       out shaped and typed like query (and lse when return_lse). A query that sees no key (a length of 0, or fewer
-      valid entries than queries) gets 0 and lse -inf.
+      valid entries than queries) gets 0 and lse -inf; one that sees a NaN gets NaN, as with jax.nn.
     """
     _check_array("query", query, 4, "[batch, q_len, heads, head_dim]")
     _validation.check_dtype("query", query)
