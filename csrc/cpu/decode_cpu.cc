@@ -98,6 +98,8 @@ void decode_task(const DecodeParams& p, int64_t b, int64_t hk, int64_t row_begin
 // Merges the splits of one output row: weights exp(lse_s - max lse) over normalised partials.
 void merge_row(const DecodeParams& p, const Partials& parts, int64_t row, std::vector<float>& acc) {
   const int64_t d = p.cache.head_dim;
+  // A NaN partial (a NaN among its visible entries) makes the maximum NaN, and through the weights the row's output
+  // and lse; only a row where no split saw anything skips the sum.
   float max_lse = -INFINITY;
   for (int64_t s = 0; s < parts.splits; ++s) {
     const float lse = parts.lse[s * parts.rows + row];
@@ -105,10 +107,7 @@ void merge_row(const DecodeParams& p, const Partials& parts, int64_t row, std::v
   }
   std::fill(acc.begin(), acc.end(), 0.f);
   float total = 0.f;
-  if (std::isnan(max_lse)) {
-    std::fill(acc.begin(), acc.end(), NAN);
-    total = NAN;
-  } else if (max_lse > -INFINITY) {
+  if (max_lse != -INFINITY) {
     for (int64_t s = 0; s < parts.splits; ++s) {
       const float weight = std::exp(parts.lse[s * parts.rows + row] - max_lse);
       if (weight == 0.f) continue;
