@@ -34,7 +34,7 @@ def test_fp8_case_is_forward_only_and_peers_run_on_the_same_values(monkeypatch):
     case = benchmark.Case(1, 40, 2, 32, True, benchmark.FP8)
     q, k, v = benchmark._random_inputs(case)
     assert q.dtype == jnp.float8_e4m3fn
-    peer_q, _, _ = benchmark._peer_inputs("xla", case, q, k, v)
+    peer_q, _, _ = benchmark._peer_inputs(case, q, k, v)
     np.testing.assert_array_equal(np.asarray(peer_q, np.float32), np.asarray(q, np.float32))
     monkeypatch.setattr(benchmark, "_grid", lambda name, on_gpu: [case])
     rows = benchmark.run("full", ("fwd", "fwd+bwd"), 0.01)
