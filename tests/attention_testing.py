@@ -67,6 +67,24 @@ def normal(rng: np.random.Generator, shape, dtype, platform: str, magnitude: flo
     return put(jnp.asarray(x, dtype=dtype), platform)
 
 
+def paged_copy(rng, caches, page_size, extra_pages=3):
+    """Caches [B, M, H, D] (M a multiple of page_size) scattered over shuffled pools, with spare random pages.
+
+    Returns the pools (one per cache) and the page table they share."""
+    batch, max_len = caches[0].shape[:2]
+    pages_per_seq = max_len // page_size
+    num_pages = batch * pages_per_seq + extra_pages
+    table = rng.permutation(num_pages)[:batch * pages_per_seq].reshape(batch, pages_per_seq).astype(np.int32)
+    pools = []
+    for cache in caches:
+        pool = np.array(jnp.asarray(rng.standard_normal((num_pages, page_size, *cache.shape[2:])), cache.dtype)
+                        .astype(jnp.float32))
+        pool[table] = np.asarray(cache.astype(jnp.float32)).reshape(batch, pages_per_seq, page_size,
+                                                                    *cache.shape[2:])
+        pools.append(jnp.asarray(pool, cache.dtype))
+    return pools, table
+
+
 def random_qkv(rng, platform, *, seq_q, seq_k, heads_q, heads_kv, head_dim, dtype, batch=2, magnitude=1.0):
     """query [batch, seq_q, heads_q, head_dim], key/value [batch, seq_k, heads_kv, head_dim] (3-D if batch is None)."""
     lead = () if batch is None else (batch,)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
+from attention_testing import paged_copy
 
 CASES = [
     # (seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, softcap)
@@ -117,13 +118,10 @@ def decode_reads_only_valid_entries(case, dtype) -> bool:
     shape = (batch, capacity, heads_kv, head_dim)
     dense_k = np.where(valid, rng.standard_normal(shape), 0.0)
     dense_v = np.where(valid, rng.standard_normal(shape), 60000.0)
+    k_cache, v_cache = jnp.asarray(dense_k, dtype), jnp.asarray(dense_v, dtype)
     table = None
     if page_size is not None:
-        pages = capacity // page_size
-        table = jnp.asarray(rng.permutation(batch * pages).reshape(batch, pages).astype(np.int32))
-        # Logical page i of sequence b is physical page table[b, i].
-        order = np.argsort(np.asarray(table).reshape(-1))
-        dense_k, dense_v = (x.reshape(batch * pages, page_size, heads_kv, head_dim)[order] for x in (dense_k, dense_v))
+        (k_cache, v_cache), table = paged_copy(rng, (k_cache, v_cache), page_size)
 
     @jax.jit
     def step(k_cache, v_cache, query, positions):
@@ -133,11 +131,12 @@ def decode_reads_only_valid_entries(case, dtype) -> bool:
                                           softcap=softcap, page_table=table)
 
     query = jnp.asarray(rng.standard_normal((batch, q_len, heads_q, head_dim)), dtype)
-    out = np.asarray(step(jnp.asarray(dense_k, dtype), jnp.asarray(dense_v, dtype), query, positions), np.float32)
+    out = np.asarray(step(k_cache, v_cache, query, positions), np.float32)
     # Every value a sequence may read is one of the random rows or the new ones: all far below the sentinel.
     bound = 1.01 * max(np.max(np.abs(np.asarray(jnp.asarray(dense_v, dtype), np.float32)[dense_v < 60000.0])),
                        np.max(np.abs(new_v)))
     return bool(np.all(np.isfinite(out)) and np.max(np.abs(out)) <= bound)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from attention_testing import DTYPES, assert_rule, normal, put, skip_if_unsupported, to_float64
+from attention_testing import DTYPES, assert_rule, normal, paged_copy, put, skip_if_unsupported, to_float64
 from jax_flash.decode_reference import decode_reference
 
 
@@ -25,24 +25,6 @@ def lengths_for(rng, batch, max_len, q_len):
     special = [0, max_len, max(q_len - 1, 0), min(q_len, max_len)]
     lengths = [special[i] if i < len(special) else int(rng.integers(0, max_len + 1)) for i in range(batch)]
     return np.asarray(rng.permutation(lengths), np.int32)
-
-
-def paged_copy(rng, caches, page_size, extra_pages=3):
-    """Caches [B, M, H, D] (M a multiple of page_size) scattered over shuffled pools, with spare random pages.
-
-    Returns the pools (one per cache) and the page table they share."""
-    batch, max_len = caches[0].shape[:2]
-    pages_per_seq = max_len // page_size
-    num_pages = batch * pages_per_seq + extra_pages
-    table = rng.permutation(num_pages)[:batch * pages_per_seq].reshape(batch, pages_per_seq).astype(np.int32)
-    pools = []
-    for cache in caches:
-        pool = np.array(jnp.asarray(rng.standard_normal((num_pages, page_size, *cache.shape[2:])), cache.dtype)
-                        .astype(jnp.float32))
-        pool[table] = np.asarray(cache.astype(jnp.float32)).reshape(batch, pages_per_seq, page_size,
-                                                                    *cache.shape[2:])
-        pools.append(jnp.asarray(pool, cache.dtype))
-    return pools, table
 
 
 def decode_all(platform, q, k, v, lengths, page_table=None, **kwargs):
