@@ -61,10 +61,24 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
+  // Where the shared memory has room (not at head dim 256), each consumer warpgroup stages its 64 output rows in
+  // shared memory and one of its threads stores them with the TMA, which clips rows past seqlen_q and columns past
+  // head_dim; the warpgroup goes on to its next work tile while the store drains. Otherwise the consumers store
+  // their registers directly (accumulator_store.cuh).
+  static constexpr bool kStagedOutput = kQBytes + 2 * kStages * kKVBytes + kQBytes + 4096 <= 227 * 1024;
+  using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Element, 64, kHeadDim, 1>{}));
+  // One warpgroup's share of the P V product: the layout its accumulator fragment has, for the shared-memory copy.
+  using MmaPVWarpgroup = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+  using TmaOutput = decltype(make_tma_copy(SM90_TMA_STORE{}, GlobalTensor<Element>{}, SmemLayoutOutput{}));
+
   struct SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    alignas(1024) array_aligned<Element, kStagedOutput ? kConsumerWarpgroups * cosize_v<SmemLayoutOutput> : 1, 1024>
+        output;
     uint64_t q_full;
     uint64_t q_empty;
     uint64_t k_full[kStages];

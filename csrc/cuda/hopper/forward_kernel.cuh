@@ -36,6 +36,7 @@ struct ForwardKernelParams {
   typename Config::TmaQ tma_q;
   typename Config::TmaKV tma_k;
   typename Config::TmaKV tma_v;
+  typename Config::TmaOutput tma_output;  // when Config::kStagedOutput
   GlobalShape shape_q;  // (seqlen_q, head_dim, heads_q, batch)
   GlobalShape shape_kv;
   void* out;  // [batch, seqlen_q, heads_q, head_dim]
@@ -252,6 +253,42 @@ __device__ void write_empty_rows(const ForwardKernelParams<Config>& p, const Wor
   }
 }
 
+// Named barrier ids past GemmTurns' two: one per consumer warpgroup, for its output staging.
+constexpr int kOutputBarrier = 2;
+
+// A warpgroup's output rows, already divided by their sums, to its shared buffer (stmatrix) and on to global memory
+// with one TMA store, issued by its first thread; the buffer's previous store must have read it first.
+template <class Config, class Accumulator>
+__device__ void store_output_rows(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                                  Accumulator const& output, const WorkTile& work, int thread) {
+  using Element = typename Config::Element;
+  const int warpgroup = thread / 128, warpgroup_thread = thread % 128;
+  // The stmatrix copy is laid out for one warpgroup's product; a thread's share of the CTA's is the same fragment.
+  static_assert(is_same_v<decltype(output.layout()),
+                          decltype(partition_fragment_C(typename Config::MmaPVWarpgroup{},
+                                                        Shape<_64, Int<Config::kHeadDim>>{}).layout())>);
+  Tensor rounded = make_tensor<Element>(output.layout());
+  convert_fragment(output, rounded);
+  using OutputLayout = typename Config::SmemLayoutOutput;
+  Tensor sO = make_tensor(make_smem_ptr(smem.output.data() + warpgroup * cosize_v<OutputLayout>), OutputLayout{});
+  auto to_shared = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Config::MmaPVWarpgroup{});
+  auto thread_copy = to_shared.get_thread_slice(warpgroup_thread);
+  if (warpgroup_thread == 0) tma_store_wait<0>();
+  cutlass::arch::NamedBarrier::sync(128, kOutputBarrier + warpgroup);
+  copy(to_shared, thread_copy.retile_S(rounded), thread_copy.partition_D(sO));
+  cutlass::arch::fence_view_async_shared();  // visible to the TMA (the async proxy)
+  cutlass::arch::NamedBarrier::sync(128, kOutputBarrier + warpgroup);
+  if (warpgroup_thread == 0) {
+    Tensor gO = local_tile(p.tma_output.get_tma_tensor(p.shape_q)(_, _, work.head, work.batch),
+                           Shape<_64, Int<Config::kHeadDim>>{},
+                           make_coord(work.m_block * Config::kConsumerWarpgroups + warpgroup, _0{}));
+    auto [global_box, shared_box] =
+        tma_partition(p.tma_output, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+    copy(p.tma_output, shared_box, global_box);
+    tma_store_arrive();
+  }
+}
+
 // One work tile with at least one key tile, its queries landed or landing in the query buffer.
 template <class Config>
 __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
@@ -381,12 +418,23 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 
   float inverse_sum[kRows], lse[kRows];
   softmax.finish(inverse_sum, lse);
-  auto* out = static_cast<Element*>(p.out);
-  store_accumulator<Element>(
-      tOrO, thread_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})),
-      p.seqlen_q - row_begin, p.head_dim,
-      [&](int row) { return out + ((int64_t(batch) * p.seqlen_q + row_begin + row) * p.heads_q + head) * p.head_dim; },
-      [&](int r) { return inverse_sum[r]; });
+  if constexpr (Config::kStagedOutput) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out_rows); ++c) out_rows(r, c) *= inverse_sum[r];
+    }
+    store_output_rows(p, smem, tOrO, work, thread);
+  } else {
+    auto* out = static_cast<Element*>(p.out);
+    store_accumulator<Element>(
+        tOrO, thread_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})),
+        p.seqlen_q - row_begin, p.head_dim,
+        [&](int row) {
+          return out + ((int64_t(batch) * p.seqlen_q + row_begin + row) * p.heads_q + head) * p.head_dim;
+        },
+        [&](int r) { return inverse_sum[r]; });
+  }
   if (thread % 4 == 0) {  // the quad's first thread writes its rows' lse
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -403,7 +451,11 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
   for (uint32_t q_phase = 0;; q_phase ^= 1) {
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     const WorkTicket ticket = WorkTicket::read(&smem.work);
-    if (ticket.is_done()) return;
+    if (ticket.is_done()) {
+      // The output buffers stay in use until their last stores have read them.
+      if (Config::kStagedOutput && thread % 128 == 0) tma_store_wait<0>();
+      return;
+    }
     const WorkTile work = p.order.tile(ticket.index());
     if (ticket.has_keys()) {
       consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_phase);
@@ -423,6 +475,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    if constexpr (Config::kStagedOutput) cute::prefetch_tma_descriptor(p.tma_output.get_tma_descriptor());
     cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerThreads);
     for (int s = 0; s < Config::kStages; ++s) {

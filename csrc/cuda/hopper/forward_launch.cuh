@@ -31,6 +31,10 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, void* wo
                           take<0, 2>(typename Config::SmemLayoutK{}));
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.v, p.shape_kv),
                           take<0, 2>(typename Config::SmemLayoutV{}));
+  if constexpr (Config::kStagedOutput) {
+    p.tma_output = make_tma_copy(SM90_TMA_STORE{}, global_tensor<Element>(params.out, p.shape_q),
+                                 typename Config::SmemLayoutOutput{});
+  }
   p.out = params.out;
   p.lse = params.lse;
   p.seqlen_q = int(s.seqlen_q);
