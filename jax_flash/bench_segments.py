@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
-from jax_flash.benchmark import TOLERANCE, _fwd_bwd, _time
+from jax_flash.benchmark import TOLERANCE, _fwd_bwd, _time, comma_ints
 from jax_flash.reference import attention_reference
 
 
@@ -303,14 +303,15 @@ def main(argv=None) -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="time jax_flash alone in six layouts of the row (dense, equal rows, segment ids, lengths)")
     parser.add_argument("--json", help="write the header and every row to this JSON file")
-    parser.add_argument("--head-dims", help="comma-separated head dims (default 64,128 on a GPU, 32 on the CPU)")
+    parser.add_argument("--head-dims", type=comma_ints,
+                        help="comma-separated head dims (default 64,128 on a GPU, 32 on the CPU)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     grid = GPU_GRID if on_gpu else CPU_BREAKDOWN_GRID if args.breakdown else CPU_GRID
     if args.head_dims:
-        grid = grid._replace(head_dims=tuple(int(d) for d in args.head_dims.split(",")))
+        grid = grid._replace(head_dims=args.head_dims)
     lengths = document_lengths(grid.seq, grid.docs)
     visible = causal_visible_pairs(lengths) / causal_visible_pairs([grid.seq])
     header = dict(jax=jax.__version__, jax_flash=jax_flash.__version__, device=jax.devices()[0].device_kind,

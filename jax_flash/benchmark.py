@@ -297,12 +297,19 @@ def memory_table(seq: int) -> str:
     return "\n".join(lines)
 
 
+def comma_ints(text: str) -> tuple[int, ...]:
+    """An argparse type: "1024,4096" -> (1024, 4096)."""
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors", "quick", "features", "full"))
     parser.add_argument("--impls", help="comma-separated subset of the peers to run (default: all available)")
-    parser.add_argument("--seqs", help="comma-separated sequence lengths to keep from the grid (default: all)")
-    parser.add_argument("--head-dims", help="comma-separated head dims to keep from the grid (default: all)")
+    parser.add_argument("--seqs", type=comma_ints, default=(),
+                        help="comma-separated sequence lengths to keep from the grid (default: all)")
+    parser.add_argument("--head-dims", type=comma_ints, default=(),
+                        help="comma-separated head dims to keep from the grid (default: all)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     parser.add_argument("--json", help="write every measurement to this JSON file")
@@ -333,8 +340,7 @@ def main(argv=None) -> None:
 
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
-               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), on_case=save,
-               head_dims=tuple(int(d) for d in args.head_dims.split(",")) if args.head_dims else ())
+               args.seqs, on_case=save, head_dims=args.head_dims)
     save(rows)  # a grid that selected no case still leaves its (empty) JSON file
     print(format_table(rows))
     if args.plot:
