@@ -300,10 +300,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
     const bool straddles = ticket.masking() == TileMasking::kWindow;
     const TileMask tile_mask(p.mask, p.seqlen_k, query_begin, key_begin);
-    // P and dS elementwise. The soft-cap choice is made once per tile, outside the unrolled loop, and the mask test
-    // is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a division per
-    // element made it overflow the instruction cache).
-    auto probabilities_and_score_gradients = [&](auto capped) {
+    // P and dS elementwise. The soft-cap and mask choices are made once per tile, outside the unrolled loop, and the
+    // mask test is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a
+    // division per element made it overflow the instruction cache). Most tiles need no mask, and their loop leaves
+    // out its four instructions per element; the capped loop keeps one version, masked when the tile needs it.
+    auto probabilities_and_score_gradients = [&](auto capped, auto masked) {
       CUTE_UNROLL
       for (int i = 0; i < size(tS); ++i) {
         const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
@@ -318,16 +319,20 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
           slope = 1.f - t * t;
         }
         float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
-        const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-        probability = straddles && !visible ? 0.f : probability;
+        if constexpr (decltype(masked)::value) {
+          const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+          probability = straddles && !visible ? 0.f : probability;
+        }
         tS(i) = probability;
         if constexpr (kGradientA) tdP(i) = probability * (tdP(i) - delta) * slope;
       }
     };
     if (p.mask.softcap > 0.f) {
-      probabilities_and_score_gradients(cute::true_type{});
+      probabilities_and_score_gradients(cute::true_type{}, cute::true_type{});
+    } else if (straddles) {
+      probabilities_and_score_gradients(cute::false_type{}, cute::true_type{});
     } else {
-      probabilities_and_score_gradients(cute::false_type{});
+      probabilities_and_score_gradients(cute::false_type{}, cute::false_type{});
     }
     if (ticket.masking() == TileMasking::kTokens) {
       const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
