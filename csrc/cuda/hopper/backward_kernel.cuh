@@ -6,8 +6,9 @@
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
-// and announces each with a ticket (tile_tickets.cuh): a dense range, or under a token mask the non-empty tiles of a
-// walk over the per-call chunk summaries, partial ones marked for an element mask.
+// and announces each with a ticket (tile_tickets.cuh): a dense range (also under a mask of lengths alone, over each
+// row's live tokens), or under segment ids or positions the non-empty tiles of a walk over the per-call chunk
+// summaries, partial ones marked for an element mask.
 #pragma once
 
 #include <cmath>
