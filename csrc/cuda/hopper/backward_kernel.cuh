@@ -6,8 +6,9 @@
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
-// and announces each with a ticket (tile_tickets.cuh): a dense range, or under a token mask the non-empty tiles of a
-// walk over the per-call chunk summaries, partial ones marked for an element mask.
+// and announces each with a ticket (tile_tickets.cuh): a dense range (also under a mask of lengths alone, over each
+// row's live tokens), or under segment ids or positions the non-empty tiles of a walk over the per-call chunk
+// summaries, partial ones marked for an element mask.
 #pragma once
 
 #include <cmath>
@@ -79,6 +80,19 @@ struct StreamedWalk {
   __device__ int head_offset(int step) const { return step / (tile_end - tile_begin); }
 };
 
+// A mask of sequence lengths alone (no segment ids, no positions) needs no walk over the chunk summaries: each
+// batch row is then a dense problem over its live queries and keys, walked like one.
+__device__ __forceinline__ bool lengths_only(const TokenMask& tokens) {
+  return !tokens.q_segment_ids && !tokens.q_positions;  // ids and positions come in (query, key) pairs
+}
+
+// The tokens of a batch row below its length (all `seq` without lengths; a negative length leaves none).
+__device__ __forceinline__ int live_length(const int32_t* lengths, int batch, int seq) {
+  if (!lengths) return seq;
+  const int length = lengths[batch];
+  return length < 0 ? 0 : length < seq ? length : seq;
+}
+
 template <bool kKeyMajor, class Config>
 __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch) {
@@ -149,11 +163,15 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   const bool leader = threadIdx.x == 0;
   const int resident_begin = resident_block * kResident;
   const int resident_end = min(resident_begin + kResident, kKeyMajor ? p.seqlen_k : p.seqlen_q);
-  if (!p.has_tokens) {
+  if (!p.has_tokens || lengths_only(p.tokens)) {
     if (!leader) return;
-    const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, resident_end, p.seqlen_q,
-                                                             p.seqlen_k, p.group);
-    if (walk.steps() == 0) return post_no_tiles();
+    const int seqlen_q = live_length(p.tokens.q_lengths, batch, p.seqlen_q);
+    const int seqlen_k = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);
+    const int live_end = min(resident_end, kKeyMajor ? seqlen_k : seqlen_q);
+    // Query rows past the length need no mask: the forward gave them lse = -inf, so their probabilities are 0.
+    const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, live_end, seqlen_q, seqlen_k,
+                                                             p.group);
+    if (live_end <= resident_begin || walk.steps() == 0) return post_no_tiles();
     load_resident();
     for (int step = 0; step < walk.steps(); ++step) {
       const int tile = walk.tile(step);
@@ -161,8 +179,9 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       const int key_begin = kKeyMajor ? resident_begin : tile * kStreamed;
       const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
       // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
+      // Keys past a shorter length hold data: their probabilities must be 0 in dK and dV as well.
       const bool straddles =
-          (!kKeyMajor && key_end > p.seqlen_k) ||
+          ((!kKeyMajor || seqlen_k < p.seqlen_k) && key_end > seqlen_k) ||
           !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident), key_begin,
                               key_end);
       load_step(walk.head_offset(step), TileTicket::make(tile, step + 1 == walk.steps(),
@@ -267,6 +286,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 
   const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
+  const int live_keys = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);  // the element mask's key limit
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
@@ -299,11 +319,12 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
     const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
     const bool straddles = ticket.masking() == TileMasking::kWindow;
-    const TileMask tile_mask(p.mask, p.seqlen_k, query_begin, key_begin);
-    // P and dS elementwise. The soft-cap choice is made once per tile, outside the unrolled loop, and the mask test
-    // is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a division per
-    // element made it overflow the instruction cache).
-    auto probabilities_and_score_gradients = [&](auto capped) {
+    const TileMask tile_mask(p.mask, live_keys, query_begin, key_begin);
+    // P and dS elementwise. The soft-cap and mask choices are made once per tile, outside the unrolled loop, and the
+    // mask test is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a
+    // division per element made it overflow the instruction cache). Most tiles need no mask, and their loop leaves
+    // out its four instructions per element; the capped loop keeps one version, masked when the tile needs it.
+    auto probabilities_and_score_gradients = [&](auto capped, auto masked) {
       CUTE_UNROLL
       for (int i = 0; i < size(tS); ++i) {
         const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
@@ -318,16 +339,20 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
           slope = 1.f - t * t;
         }
         float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
-        const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-        probability = straddles && !visible ? 0.f : probability;
+        if constexpr (decltype(masked)::value) {
+          const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+          probability = straddles && !visible ? 0.f : probability;
+        }
         tS(i) = probability;
         if constexpr (kGradientA) tdP(i) = probability * (tdP(i) - delta) * slope;
       }
     };
     if (p.mask.softcap > 0.f) {
-      probabilities_and_score_gradients(cute::true_type{});
+      probabilities_and_score_gradients(cute::true_type{}, cute::true_type{});
+    } else if (straddles) {
+      probabilities_and_score_gradients(cute::false_type{}, cute::true_type{});
     } else {
-      probabilities_and_score_gradients(cute::false_type{});
+      probabilities_and_score_gradients(cute::false_type{}, cute::false_type{});
     }
     if (ticket.masking() == TileMasking::kTokens) {
       const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
