@@ -210,7 +210,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
-template <BackwardRole kRole, class Config>
+template <BackwardRole kRole, bool kCapped, class Config>
 __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch, int thread) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
@@ -274,6 +274,9 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // and every consumer at 256; those issue the next scores only after the gradient GEMMs retired.
   constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
   constexpr int kScoreGemms = kGradientA ? 2 : 1;
+  // dS formed after P, under the GEMMs in flight (see the loop). Not with a soft cap (its slope needs the raw score,
+  // which P overwrites), and not in the pipelined loop: ptxas (nvcc 13.0) then serializes every wgmma (C7515).
+  constexpr bool kDeferredScoreGradients = kGradientA && !kCapped && !kPipelined;
   auto issue_scores = [&](int stage) {
     warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
     if constexpr (kGradientA) warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
@@ -291,57 +294,63 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
   while (!ticket.is_none()) {
     if constexpr (!kPipelined) issue_scores(stage);
-    warpgroup_wait<0>();
+    // The scores' batch was issued before dP's. Where dS can wait (kDeferredScoreGradients), the exponentials need
+    // only S: waiting for all but the newest batch leaves dP's GEMM running under them, and dS is formed later,
+    // under dV's GEMM. Otherwise P and dS are formed in one pass once both products have landed.
+    warpgroup_wait<kDeferredScoreGradients ? 1 : 0>();
     warpgroup_fence_operand(tS);
-    warpgroup_fence_operand(tdP);
+    if constexpr (!kDeferredScoreGradients) warpgroup_fence_operand(tdP);
 
     const int streamed_begin = ticket.tile() * kStreamed;
     const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
     const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
     const bool straddles = ticket.masking() == TileMasking::kWindow;
     const TileMask tile_mask(p.mask, p.seqlen_k, query_begin, key_begin);
-    // P and dS elementwise. The soft-cap choice is made once per tile, outside the unrolled loop, and the mask test
-    // is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a division per
-    // element made it overflow the instruction cache).
-    auto probabilities_and_score_gradients = [&](auto capped) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tS); ++i) {
-        const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
-        // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
-        const float lse = kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2];
-        const float delta = kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
-        float score = tS(i);
-        float slope = 1.f;
-        if constexpr (decltype(capped)::value) {
-          const float t = tensor_core::tanh_fast(score * cap_input_scale);
-          score = p.mask.softcap * t;
-          slope = 1.f - t * t;
-        }
-        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
-        const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-        probability = straddles && !visible ? 0.f : probability;
-        tS(i) = probability;
-        if constexpr (kGradientA) tdP(i) = probability * (tdP(i) - delta) * slope;
-      }
+    // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
+    auto lse_of = [&](int i, int streamed) { return kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2]; };
+    auto delta_of = [&](int i, int streamed) {
+      return kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
     };
-    if (p.mask.softcap > 0.f) {
-      probabilities_and_score_gradients(cute::true_type{});
-    } else {
-      probabilities_and_score_gradients(cute::false_type{});
+    // P (and, capped, dS) elementwise, straight-line code: the mask test is int32 compares on tile-relative
+    // coordinates (a branch and a division per element made the loop overflow the instruction cache).
+    CUTE_UNROLL
+    for (int i = 0; i < size(tS); ++i) {
+      const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
+      float score = tS(i);
+      float slope = 1.f;
+      if constexpr (kCapped) {
+        const float t = tensor_core::tanh_fast(score * cap_input_scale);
+        score = p.mask.softcap * t;
+        slope = 1.f - t * t;
+      }
+      float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
+      const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+      probability = straddles && !visible ? 0.f : probability;
+      tS(i) = probability;
+      if constexpr (kGradientA && !kDeferredScoreGradients)
+        tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
     }
+    uint64_t visible_entries = 0;
     if (ticket.masking() == TileMasking::kTokens) {
       const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
-      const uint64_t visible = visible_token_entries<kKeyMajor>(
+      visible_entries = visible_token_entries<kKeyMajor>(
           coord_rows, kKeyMajor ? key_row : query_row, resident_begin, kKeyMajor ? query_row : key_row,
           streamed_begin, p.mask);
-      hide_entries(score_rows, visible, 0.f);
-      if constexpr (kGradientA) hide_entries(score_gradient_rows, visible, 0.f);
+      hide_entries(score_rows, visible_entries, 0.f);
+      if constexpr (kGradientA && !kDeferredScoreGradients) hide_entries(score_gradient_rows, visible_entries, 0.f);
     }
     if constexpr (kGradientB) {
       convert_fragment(tS, tP);
       warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
     }
     if constexpr (kGradientA) {
+      if constexpr (kDeferredScoreGradients) {
+        warpgroup_wait<kGradientB ? 1 : 0>();  // dP has landed; dV's GEMM runs on
+        warpgroup_fence_operand(tdP);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tS); ++i) tdP(i) = tS(i) * (tdP(i) - delta_of(i, get<1>(coords(i))));
+        if (ticket.masking() == TileMasking::kTokens) hide_entries(score_gradient_rows, visible_entries, 0.f);
+      }
       convert_fragment(tdP, tdS);
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
     }
@@ -386,7 +395,10 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
-template <BackwardRole kRole, class Config>
+// kCapped: the call has a soft cap (p.mask.softcap > 0). It is a template parameter, not a runtime test, because
+// the consumers' wait depths differ with it, and ptxas keeps the wgmma asynchronous only when every wait and every
+// GEMM issue lies on one path.
+template <BackwardRole kRole, bool kCapped, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     backward_kernel(CUTE_GRID_CONSTANT const BackwardKernelParams<Config> p) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
@@ -409,7 +421,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume_backward<kRole, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
+    consume_backward<kRole, kCapped, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
   }
 }
 

@@ -66,7 +66,8 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
                   unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  auto* kernel = &backward_kernel<kRole, Config>;
+  auto* kernel =
+      params.mask.softcap > 0.f ? &backward_kernel<kRole, true, Config> : &backward_kernel<kRole, false, Config>;
   cudaError_t status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
   if (status != cudaSuccess) return status;
