@@ -2,7 +2,9 @@
 //   key-major   (dK, dV): S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q, summed over the query
 //                         heads of the KV group and over query tiles inside the CTA; where the two accumulators do
 //                         not fit in registers together (head dim 256) it runs twice, dV alone (no dP needed) then dK;
-//   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles.
+//   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles;
+//   fused       (all):    the key-major kernel that also adds each streamed tile's dQ = dS K into a float32 sum with
+//                         atomics (query_gradient_sum.cuh), so no query-major kernel runs (not bitwise deterministic).
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
@@ -30,7 +32,7 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
-enum class BackwardRole { kKeysAndValues, kValues, kKeys, kQueries };
+enum class BackwardRole { kKeysAndValues, kValues, kKeys, kQueries, kFused };
 
 template <BackwardRole kRole>
 inline constexpr bool kKeyMajorRole = kRole != BackwardRole::kQueries;
@@ -46,6 +48,7 @@ struct BackwardKernelParams {
   const float* delta;     // [batch, heads_q, padded seqlen_q]
   void* grad_a;  // dK (key-major) or dQ, [batch, rows, heads, head_dim]
   void* grad_b;  // dV (key-major)
+  float* query_gradient_sum;  // fused: [batch, seqlen_q, heads_q, head_dim], zeroed before the launch
   int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
   AttentionMask mask;
   TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
@@ -123,6 +126,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
                                       group_modes<0, 2>(streamed_tile(p.tma_streamed_b)));
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
     ticket.post(&smem.tickets[stage]);
+    publish(&smem.head_offsets[stage], head_offset);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], kStepBytes);
     copy(p.tma_streamed_a.with(smem.full[stage]), tSgA, tSsA(_, stage));
     copy(p.tma_streamed_b.with(smem.full[stage]), tSgB, tSsB(_, stage));
@@ -160,9 +164,10 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       const int query_begin = kKeyMajor ? tile * kStreamed : resident_begin;
       const int key_begin = kKeyMajor ? resident_begin : tile * kStreamed;
       const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
-      // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
+      // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sums (query-major and fused)
+      // they must be masked too.
       const bool straddles =
-          (!kKeyMajor && key_end > p.seqlen_k) ||
+          key_end > p.seqlen_k ||
           !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident), key_begin,
                               key_end);
       load_step(walk.head_offset(step), TileTicket::make(tile, step + 1 == walk.steps(),
@@ -194,8 +199,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
   if (leader) load_resident();
   for (int head_offset = 0;;) {
-    // Before the next search moves the walk's window.
-    const TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
+    // Before the next search moves the walk's window. A key-major CTA's last block may hold rows past seqlen_k
+    // (zeros, outside the walk's summary of its keys): an unmasked tile would give them probabilities, which the
+    // fused dQ sum must not see, so such blocks never run unmasked.
+    TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
+    if (kKeyMajor && resident_end - resident_begin < kResident && masking == TileMasking::kNone)
+      masking = TileMasking::kTokens;
     int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
     int next_head_offset = head_offset;
     if (next == tiles_end && head_offset + 1 < heads) {
@@ -216,7 +225,9 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   // gradient A is dK or dQ (needs dS, hence dP); gradient B is dV (needs only P).
   constexpr bool kGradientA = kRole != BackwardRole::kValues;
-  constexpr bool kGradientB = kRole == BackwardRole::kKeysAndValues || kRole == BackwardRole::kValues;
+  constexpr bool kGradientB =
+      kRole == BackwardRole::kKeysAndValues || kRole == BackwardRole::kValues || kRole == BackwardRole::kFused;
+  constexpr bool kFused = kRole == BackwardRole::kFused;
   using Element = typename Config::Element;
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -250,6 +261,25 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor score_gradient_rows = make_tensor(tdP.data(), accumulator_rows(tdP.layout()));
   if constexpr (kGradientA) clear(tGradA);
   if constexpr (kGradientB) clear(tGradB);
+  // Fused: dS^T goes to a shared buffer (by tile parity) as written by the score accumulator's layout, and each
+  // warpgroup reads it back as the A operand of its half of dQ = dS K.
+  auto fused_queries = [&] {
+    if constexpr (kFused) {
+      typename Config::MmaQueries mma_queries;
+      auto thread_queries = mma_queries.get_thread_slice(thread);
+      Tensor sdS = make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientLayout{});
+      Tensor sdSt =
+          make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientTransposed{});
+      Tensor sKt = make_tensor(make_smem_ptr(smem.resident_a.data()), typename Config::ResidentTransposed{});
+      return cute::make_tuple(mma_queries, thread_queries.partition_fragment_A(sdS),
+                              thread_queries.partition_fragment_B(sKt),
+                              partition_fragment_C(mma_queries, Shape<Int<kStreamed>, Int<kHeadDim>>{}),
+                              thread_queries.partition_C(make_identity_tensor(Shape<Int<kStreamed>, Int<kHeadDim>>{})),
+                              sdSt);
+    } else {
+      return 0;
+    }
+  }();
 
   const int resident_begin = resident_block * kResident;
   const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
@@ -285,6 +315,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     return TileTicket::read(&smem.tickets[stage]);
   };
   TileTicket ticket = wait_for_ticket();
+  [[maybe_unused]] int ticket_parity = 0;  // fused: which dS buffer this tile uses
   if (!ticket.is_none()) {
     Barrier::wait(&smem.resident_full, 0);
     if constexpr (kPipelined) issue_scores(stage);
@@ -343,7 +374,23 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     }
     if constexpr (kGradientA) {
       convert_fragment(tdP, tdS);
+      // Fused: dS^T to shared memory now, before a wgmma reads the registers (reading them while one is in flight
+      // is undefined); made visible to the wgmma's async proxy.
+      if constexpr (kFused) {
+        Tensor destination = thread_scores.partition_C(get<5>(fused_queries)(_, _, ticket_parity));
+        Tensor source = make_tensor(tdS.data(), tdP.layout());
+        CUTE_UNROLL
+        for (int i = 0; i < size(source); ++i) destination(i) = source(i);
+        cutlass::arch::fence_view_async_shared();
+      }
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
+    }
+    if constexpr (kFused) {
+      // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
+      // buffer's previous contents).
+      cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
+      warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
+                               get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
     }
     const int this_stage = stage;
     if (++stage == Config::kStages) {
@@ -356,6 +403,17 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
     } else {
       warpgroup_wait<0>();
+    }
+    if constexpr (kFused) {
+      warpgroup_fence_operand(get<3>(fused_queries));  // retired by the wait above
+      const int head_q = head * p.group + read_published(&smem.head_offsets[this_stage]);
+      add_accumulator(get<3>(fused_queries), get<4>(fused_queries), p.seqlen_q - streamed_begin, p.head_dim,
+                      [&](int row) {
+                        return p.query_gradient_sum +
+                               ((int64_t(batch) * p.seqlen_q + streamed_begin + row) * p.heads_q + head_q) *
+                                   p.head_dim;
+                      });
+      ticket_parity ^= 1;
     }
     Barrier::arrive(&smem.empty[this_stage]);
     ticket = next;
