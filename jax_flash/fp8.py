@@ -22,7 +22,7 @@ FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 
 
 def _per_tensor_scale(name: str, x):
-    """A scale as a float32 scalar. Traced values are allowed (they only multiply the inputs); Python numbers are
+    """A scale as a float32 scalar. Traced values are allowed (they only multiply the inputs); concrete ones are
     also checked to be positive."""
     if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be a number or a scalar floating-point array, got {type(x).__name__}")
@@ -31,7 +31,7 @@ def _per_tensor_scale(name: str, x):
             raise ValueError(f"{name} must be a scalar (one scale per tensor), got shape {jnp.shape(x)}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} must have a floating-point dtype, got {x.dtype}")
-    elif not x > 0:
+    if not isinstance(x, jax.core.Tracer) and not float(x) > 0:
         raise ValueError(f"{name} must be positive, got {x}")
     return jnp.asarray(x, jnp.float32)
 

@@ -93,6 +93,7 @@ def test_has_no_gradient(platform, rng):
     (dict(dtype=jnp.bfloat16), TypeError, "query has dtype bfloat16; supported dtypes are float8_e4m3fn"),
     (dict(key_scale=np.ones(2, np.float32)), ValueError, "key_scale must be a scalar"),
     (dict(value_scale=-1.0), ValueError, "value_scale must be positive"),
+    (dict(query_scale=np.float32(0.0)), ValueError, "query_scale must be positive"),
     (dict(query_scale="1"), TypeError, "query_scale must be a number"),
     (dict(key_scale=np.int32(1)), TypeError, "key_scale must have a floating-point dtype"),
 ])
