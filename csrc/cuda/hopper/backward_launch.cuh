@@ -90,7 +90,7 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
   static_assert(kKeyPasses == 1 || kKeyPasses == 2);
   if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64) {
-    if (fused_query_gradient_requested()) {
+    if (!params.deterministic) {
       const size_t rows_bytes = backward_rows_bytes(s);
       float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(rows_bytes));
       if (status == cudaSuccess) status = cudaMemsetAsync(sum, 0, query_gradient_sum_bytes(s), stream);

@@ -2,12 +2,10 @@
 // [batch, seqlen_q, heads_q, head_dim], in the workspace after the per-row inputs. It is zeroed on the stream, the
 // key-major kernel adds every (key block, query tile) product dS K into it with atomics, and a last kernel scales
 // it by the softmax scale and rounds it into dq. The order of the atomic additions varies from run to run, so the
-// fused backward is not bitwise deterministic; the two-kernel backward is.
+// fused backward serves calls that do not ask for determinism; the two-kernel backward is bitwise deterministic.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -15,14 +13,8 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
-// EXPERIMENT (branch backward-fused-dq): JAX_FLASH_FUSED_DQ=1 turns the fused backward on where it is compiled.
-inline bool fused_query_gradient_requested() {
-  static const bool requested = [] {
-    const char* value = std::getenv("JAX_FLASH_FUSED_DQ");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
-  return requested;
-}
+// The head dims whose backward configuration has a fused form (one key pass, 64-query streamed tiles).
+inline bool fused_backward_compiled_for(int64_t head_dim) { return head_dim <= 128; }
 
 inline size_t query_gradient_sum_bytes(const AttentionShape& s) {
   return sizeof(float) * size_t(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
@@ -31,7 +23,7 @@ inline size_t query_gradient_sum_bytes(const AttentionShape& s) {
 // Where the sum starts after `rows_bytes` of per-row inputs, and what the workspace needs for it.
 inline size_t query_gradient_sum_offset(size_t rows_bytes) { return (rows_bytes + 255) / 256 * 256; }
 inline size_t query_gradient_sum_workspace_bytes(const AttentionShape& s, size_t rows_bytes) {
-  return fused_query_gradient_requested() && s.head_dim <= 128
+  return fused_backward_compiled_for(s.head_dim)
              ? query_gradient_sum_offset(rows_bytes) - rows_bytes + query_gradient_sum_bytes(s)
              : 0;
 }
