@@ -19,6 +19,12 @@ def dtype_names(dtypes) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+def check_dtype(name: str, x, dtypes=SUPPORTED_DTYPES) -> None:
+    """x's dtype is one of `dtypes`."""
+    if jnp.dtype(x.dtype) not in dtypes:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are {dtype_names(dtypes)}")
+
+
 def check_qkv(query, key, value, dtypes=SUPPORTED_DTYPES) -> None:
     """Shapes [B, S, H, D] (or [S, H, D] for all three) and dtypes (one of `dtypes`) of query, key and value."""
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -27,8 +33,7 @@ def check_qkv(query, key, value, dtypes=SUPPORTED_DTYPES) -> None:
         if x.ndim not in (3, 4):
             raise ValueError(f"{name} must have rank 4 [batch, seq, heads, head_dim] or rank 3 [seq, heads, "
                              f"head_dim], got shape {x.shape}")
-        if jnp.dtype(x.dtype) not in dtypes:
-            raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are {dtype_names(dtypes)}")
+        check_dtype(name, x, dtypes)
         if 0 in x.shape:
             raise ValueError(f"{name} has a zero-length axis: shape {x.shape}")
     if not query.ndim == key.ndim == value.ndim:

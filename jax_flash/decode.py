@@ -26,12 +26,6 @@ def _check_array(name, x, ndim, what):
         raise ValueError(f"{name} must have rank {ndim} {what}, got shape {x.shape}")
 
 
-def _check_float(name, x):
-    if jnp.dtype(x.dtype) not in _validation.SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are "
-                        f"{_validation.dtype_names(_validation.SUPPORTED_DTYPES)}")
-
-
 def _int32(name, x, shape, what):
     """x as int32 after checking it is an integer array of `shape`."""
     x = jnp.asarray(x) if isinstance(x, (list, tuple, np.ndarray)) else x
@@ -66,7 +60,7 @@ def _cache_layout(key_cache, value_cache, page_table, batch, dtype_name):
         "[batch, max_len, kv_heads, head_dim]"
     for name, x in (("key_cache", key_cache), ("value_cache", value_cache)):
         _check_array(name, x, 4, layout)
-        _check_float(name, x)
+        _validation.check_dtype(name, x)
     if key_cache.shape != value_cache.shape:
         raise ValueError(f"key_cache and value_cache must have the same shape, got {key_cache.shape} and "
                          f"{value_cache.shape}")
@@ -123,7 +117,7 @@ def decode_attention(query, key_cache, value_cache, cache_lengths, *, scale=None
       valid entries than queries) gets 0 and lse -inf.
     """
     _check_array("query", query, 4, "[batch, q_len, heads, head_dim]")
-    _check_float("query", query)
+    _validation.check_dtype("query", query)
     if 0 in query.shape:
         raise ValueError(f"query has a zero-length axis: shape {query.shape}")
     batch, _, heads_q, head_dim = query.shape
@@ -161,7 +155,7 @@ def update_kv_cache(key_cache, value_cache, new_k, new_v, positions, *, page_tab
     same page slot in one call is a race.
     """
     _check_array("new_k", new_k, 4, "[batch, new_len, kv_heads, head_dim]")
-    _check_float("new_k", new_k)
+    _validation.check_dtype("new_k", new_k)
     batch = new_k.shape[0]
     table, capacity = _cache_layout(key_cache, value_cache, page_table, batch, "new_k")
     expected = (batch, new_k.shape[1], *key_cache.shape[2:])
