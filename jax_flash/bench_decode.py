@@ -4,8 +4,9 @@
 
 GQA 32 query / 8 kv heads, head_dim 128, bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
 (64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` times inside one
-jitted fori_loop (each step's query depends on the previous output, so no step can be skipped or hoisted), which
-leaves Python dispatch out of the time. Reported: microseconds per call and the GB/s of K+V read (batch x length x
+jitted, fully unrolled fori_loop (each step's query depends on the previous output, so no step can be skipped or
+hoisted): Python dispatch stays out of the time, and so does the per-iteration cost of a device-side while loop,
+which a rolled loop adds to every implementation's time. Reported: microseconds per call and the GB/s of K+V read (batch x length x
 kv_heads x head_dim x 2 tensors x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query
 of length 1) and, when importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's
 flash_mha. Every result is checked against jax.nn's xla output first.
@@ -58,7 +59,7 @@ def _timed_loop(fn, reps: int):
         def step(_, q):
             return q + 1e-3 * fn(q, k, v, n).astype(q.dtype)
 
-        return jax.lax.fori_loop(0, reps, step, q)
+        return jax.lax.fori_loop(0, reps, step, q, unroll=True)
 
     return run
 
@@ -103,11 +104,11 @@ def run_case(batch: int, length: int, dtype, impls, reps: int, rng) -> list[dict
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the records to this file")
-    parser.add_argument("--reps", type=int, default=None, help="calls per timed loop (default 50 GPU, 5 CPU)")
+    parser.add_argument("--reps", type=int, default=None, help="calls per timed loop (default 20 GPU, 5 CPU)")
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     cases, dtype = (GPU_CASES, jnp.bfloat16) if on_gpu else (CPU_CASES, jnp.float32)
-    reps = args.reps or (50 if on_gpu else 5)
+    reps = args.reps or (20 if on_gpu else 5)
     print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, "
           f"{jnp.dtype(dtype).name}, {reps} calls per timing", flush=True)
     impls = _implementations(on_gpu)

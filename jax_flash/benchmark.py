@@ -179,7 +179,9 @@ def _check(case: Case, q, k, v) -> float:
 
 
 def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = (),
-        seqs: tuple[int, ...] = (), deterministic: bool = False) -> list[dict]:
+        seqs: tuple[int, ...] = (), deterministic: bool = False, on_case=None) -> list[dict]:
+    """Every measurement of the grid; `on_case(rows)`, if given, sees the rows so far after each case, so a run cut
+    short by a time limit still leaves what it measured."""
     on_gpu = jax.default_backend() == "gpu"
     cases = [c._replace(deterministic=deterministic) for c in _grid(grid, on_gpu) if not seqs or c.seq in seqs]
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
@@ -204,6 +206,8 @@ def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, 
                     seconds = float("nan")
                 rows.append(dict(case._asdict(), part=part, impl=impl, ms=seconds * 1e3,
                                  tflops=flops / seconds / 1e12, max_abs_err=err if impl == "jax_flash" else None))
+        if on_case:
+            on_case(rows)
     return rows
 
 
@@ -315,13 +319,23 @@ def main(argv=None) -> None:
         print(memory_table(args.memory))
         return
     print(f"jax_flash {jax_flash.__version__} on {jax.devices()[0].device_kind}, jax {jax.__version__}")
+
+    printed = 0
+
+    def save(rows: list[dict]) -> None:  # the new table lines, and every row so far to the JSON file
+        nonlocal printed
+        lines = format_table(rows).splitlines()[2:]
+        for line in lines[printed:]:
+            tqdm.write(line)
+        printed = len(lines)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f, indent=1)
+
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
-               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), args.deterministic)
+               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), args.deterministic, on_case=save)
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f, indent=1)
     if args.plot:
         plot(rows, args.plot)
 

@@ -36,6 +36,7 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>>;
   static constexpr int kWalkChunks = kForwardWalkChunks<Roles::kProducerRegisters>;
   using Roles::kConsumerWarpgroups;
+  static constexpr int kProducerLanes = 32;  // one warp loads; each lane arrives on a key stage's "full" barrier
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows need head_dim in multiples of 64 elements");
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0);
 

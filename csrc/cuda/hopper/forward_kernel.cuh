@@ -137,37 +137,30 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
     copy(p.tma_q.with(smem.q_full), get<0>(q_copy), get<1>(q_copy));
   };
-  // Run by every lane, so each keeps the ring position; lane 0 alone waits and issues.
-  auto load_keys_and_values = [&](TileTicket ticket) {
+  // Run by every lane: each keeps the ring position, waits for the stage's release and arrives on its "full"
+  // barrier, which completes once all producer lanes have arrived and the TMA bytes have landed. What the lanes
+  // write beside K in between (`write_key_tokens`) is thereby ordered after the consumers' last reads of the stage
+  // and published with K, each lane through its own wait and arrival. Lane 0 alone posts the ticket and issues.
+  auto load_keys_and_values = [&](TileTicket ticket, auto&& write_key_tokens) {
     const int n = ticket.tile(), stage = state.stage;
+    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
+    write_key_tokens(stage);
     if (leader) {
-      cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
       ticket.post(&smem.tickets[stage]);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
       copy(p.tma_k.with(smem.k_full[stage]), get<0>(k_copy)(_, n), get<1>(k_copy)(_, stage));
       cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.phase);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], Config::kKVBytes);
       copy(p.tma_v.with(smem.v_full[stage]), get<0>(v_copy)(_, n), get<1>(v_copy)(_, stage));
+    } else {
+      cutlass::arch::ClusterBarrier::arrive(&smem.k_full[stage]);
     }
     if (++state.stage == Config::kStages) {
       state.stage = 0;
       state.phase ^= 1;
     }
   };
-
-  // A partial tile's key ids and positions go to shared memory beside its K tile, read by the whole warp in one
-  // round trip, so the consumers' element mask reads each column's with a shared load instead of a global one.
-  // Written once the consumers have released the stage; lane 0's arrival on its "full" barrier then publishes them.
-  auto stage_key_tokens = [&](int n, const TokenRow& keys) {
-    const int stage = state.stage;
-    if (leader) cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
-    __syncwarp();
-    for (int i = threadIdx.x % 32; i < kBlockN; i += 32) {
-      const tensor_core::TokenAt token = tensor_core::token_at(keys, n * kBlockN + i);
-      smem.key_tokens[stage][i] = make_int2(token.segment, token.position);
-    }
-    __syncwarp();
-  };
+  auto no_key_tokens = [](int) {};
 
   const int row_begin = work.m_block * kBlockM;
   const int row_end = min(row_begin + kBlockM, p.seqlen_q);
@@ -180,7 +173,7 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
       const bool straddles = key_begin + kBlockN > p.seqlen_k ||
                              !tile_inside_window(p.mask, row_begin, row_end, key_begin, key_begin + kBlockN);
       load_keys_and_values(
-          TileTicket::make(n, n == tiles.begin, straddles ? TileMasking::kWindow : TileMasking::kNone));
+          TileTicket::make(n, n == tiles.begin, straddles ? TileMasking::kWindow : TileMasking::kNone), no_key_tokens);
     }
     return;
   }
@@ -195,8 +188,16 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
     // Before the next search moves the walk's window.
     const TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
     const int next = walk.first_visible(n + 1, tiles.end, sides, p.mask);
-    if (masking == TileMasking::kTokens) stage_key_tokens(n, keys);
-    load_keys_and_values(TileTicket::make(n, next == tiles.end, masking));
+    // A partial tile's key ids and positions, read by the whole warp in one round trip, so the consumers' element
+    // mask reads each column's from shared memory instead of global memory.
+    auto stage_key_tokens = [&](int stage) {
+      if (masking != TileMasking::kTokens) return;
+      for (int i = threadIdx.x % 32; i < kBlockN; i += 32) {
+        const tensor_core::TokenAt token = tensor_core::token_at(keys, n * kBlockN + i);
+        smem.key_tokens[stage][i] = make_int2(token.segment, token.position);
+      }
+    };
+    load_keys_and_values(TileTicket::make(n, next == tiles.end, masking), stage_key_tokens);
     n = next;
   }
 }
@@ -425,7 +426,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
     cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerThreads);
     for (int s = 0; s < Config::kStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&smem.k_full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.k_full[s], Config::kProducerLanes);
       cutlass::arch::ClusterBarrier::init(&smem.v_full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.k_empty[s], Config::kConsumerThreads);
       cutlass::arch::ClusterBarrier::init(&smem.v_empty[s], Config::kConsumerThreads);
