@@ -1,6 +1,6 @@
-// Writes a consumer warpgroup's float32 accumulator rows to a [.., rows, .., head_dim] global tensor, one adjacent
-// column pair at a time, skipping rows and columns past the tensor's extent: as 16-bit elements (store_accumulator),
-// or added into a float32 tensor with atomics (add_accumulator).
+// Walks a consumer warpgroup's float32 accumulator one adjacent column pair at a time (for_each_column_pair), and
+// writes it that way to a [.., rows, .., head_dim] global tensor as 16-bit elements, skipping rows and columns past
+// the tensor's extent (store_accumulator).
 #pragma once
 
 #include <cstdint>
@@ -45,15 +45,6 @@ __device__ __forceinline__ void store_accumulator(Accumulator const& accumulator
     pair[0] = Element(a * factor);
     pair[1] = Element(b * factor);
     *reinterpret_cast<cutlass::Array<Element, 2>*>(row_pointer(row) + column) = pair;
-  });
-}
-
-// Adds the accumulator into float32 rows with 8-byte vector atomics (sm_90); `columns` must be even.
-template <class Accumulator, class Coordinates, class RowPointer>
-__device__ __forceinline__ void add_accumulator(Accumulator const& accumulator, Coordinates const& coordinates,
-                                                int rows, int columns, RowPointer row_pointer) {
-  for_each_column_pair(accumulator, coordinates, rows, columns, [&](int, int row, int column, float a, float b) {
-    atomicAdd(reinterpret_cast<float2*>(row_pointer(row) + column), make_float2(a, b));
   });
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "forward_config.cuh"
+#include "query_gradient_sum.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -77,7 +78,8 @@ struct BackwardConfig : WarpRoles<kResident_ / 64> {
 // The key-major configuration extended for the fused backward (role kFused): each streamed tile's
 // dQ = dS K (queries x head_dim, summed over the CTA's keys) is added into a float32 sum (query_gradient_sum.cuh).
 // dS leaves registers through shared memory, in two buffers by tile parity, because this product needs it with
-// queries as rows; the two consumer warpgroups then each compute half of the head dim's columns.
+// queries as rows; the two consumer warpgroups then each compute half of the head dim's columns, write them to a
+// shared block, and a producer-side warp adds the block to the sum.
 template <class Base>
 struct FusedBackwardConfig : Base {
   using Element = typename Base::Element;
@@ -86,6 +88,7 @@ struct FusedBackwardConfig : Base {
   using Base::kResident;
   using Base::kStreamed;
   static_assert(kStreamed == 64 && kConsumerWarpgroups == 2, "dS buffers are one 128-byte swizzle atom of queries");
+  static_assert(kStreamed == kSumTileRows, "one streamed tile is one block of the dQ sum");
 
   // (queries, keys, buffer), queries contiguous: the MN-major A operand of dQ = dS K.
   using ScoreGradientLayout =
@@ -102,6 +105,10 @@ struct FusedBackwardConfig : Base {
 
   struct SharedStorage : Base::SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<ScoreGradientLayout>, 1024> score_gradients;
+    alignas(128) float query_gradient[kStreamed][kHeadDim + kSumRowPad];  // one tile's dQ, for the bulk add
+    uint64_t query_gradient_full;   // the consumers wrote the block (and its target)
+    uint64_t query_gradient_empty;  // the bulk add has read it
+    int64_t query_gradient_target;  // the block's offset in the sum, in floats; -1: no more blocks
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

@@ -3,8 +3,9 @@
 //                         heads of the KV group and over query tiles inside the CTA; where the two accumulators do
 //                         not fit in registers together (head dim 256) it runs twice, dV alone (no dP needed) then dK;
 //   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles;
-//   fused       (all):    the key-major kernel that also adds each streamed tile's dQ = dS K into a float32 sum with
-//                         atomics (query_gradient_sum.cuh), so no query-major kernel runs (not bitwise deterministic).
+//   fused       (all):    the key-major kernel that also adds each streamed tile's dQ = dS K into a float32 sum
+//                         (query_gradient_sum.cuh: a shared block per tile, bulk-added by a producer-side warp), so no
+//                         query-major kernel runs (not bitwise deterministic).
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
@@ -48,7 +49,7 @@ struct BackwardKernelParams {
   const float* delta;     // [batch, heads_q, padded seqlen_q]
   void* grad_a;  // dK (key-major) or dQ, [batch, rows, heads, head_dim]
   void* grad_b;  // dV (key-major)
-  float* query_gradient_sum;  // fused: [batch, seqlen_q, heads_q, head_dim], zeroed before the launch
+  float* query_gradient_sum;  // fused: tiled as query_gradient_sum.cuh says, zeroed before the launch
   int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
   AttentionMask mask;
   TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
@@ -316,6 +317,23 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   };
   TileTicket ticket = wait_for_ticket();
   [[maybe_unused]] int ticket_parity = 0;  // fused: which dS buffer this tile uses
+  [[maybe_unused]] uint32_t sum_phase = 1;  // fused: the dQ block's "empty" barrier; a fresh one counts as released
+  // Fused: this tile's dQ block to shared memory and its place in the sum (or -1: no more) for the dQ writer.
+  auto hand_over_query_gradient = [&](auto const& block, int64_t target) {
+    if constexpr (kFused) {
+      Barrier::wait(&smem.query_gradient_empty, sum_phase);
+      sum_phase ^= 1;
+      if (target >= 0) {
+        for_each_column_pair(block, get<4>(fused_queries), kStreamed, kHeadDim,
+                             [&](int, int row, int column, float a, float b) {
+                               *reinterpret_cast<float2*>(&smem.query_gradient[row][column]) = make_float2(a, b);
+                             });
+        cutlass::arch::fence_view_async_shared();  // visible to the bulk operation (the async proxy)
+      }
+      if (thread == 0) smem.query_gradient_target = target;
+      Barrier::arrive(&smem.query_gradient_full);
+    }
+  };
   if (!ticket.is_none()) {
     Barrier::wait(&smem.resident_full, 0);
     if constexpr (kPipelined) issue_scores(stage);
@@ -407,17 +425,15 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     if constexpr (kFused) {
       warpgroup_fence_operand(get<3>(fused_queries));  // retired by the wait above
       const int head_q = head * p.group + read_published(&smem.head_offsets[this_stage]);
-      add_accumulator(get<3>(fused_queries), get<4>(fused_queries), p.seqlen_q - streamed_begin, p.head_dim,
-                      [&](int row) {
-                        return p.query_gradient_sum +
-                               ((int64_t(batch) * p.seqlen_q + streamed_begin + row) * p.heads_q + head_q) *
-                                   p.head_dim;
-                      });
+      const int64_t block = (int64_t(batch) * p.heads_q + head_q) * ((p.seqlen_q + kStreamed - 1) / kStreamed) +
+                            ticket.tile();
+      hand_over_query_gradient(get<3>(fused_queries), block * kStreamed * (kHeadDim + kSumRowPad));
       ticket_parity ^= 1;
     }
     Barrier::arrive(&smem.empty[this_stage]);
     ticket = next;
   }
+  if constexpr (kFused) hand_over_query_gradient(get<3>(fused_queries), -1);
   if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
   if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
 
@@ -455,6 +471,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.empty[s], Config::kConsumerThreads);
     }
+    if constexpr (kRole == BackwardRole::kFused) {
+      cutlass::arch::ClusterBarrier::init(&smem.query_gradient_full, Config::kConsumerThreads);
+      cutlass::arch::ClusterBarrier::init(&smem.query_gradient_empty, 1);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -462,6 +482,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x / 128 == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch);
+    if constexpr (kRole == BackwardRole::kFused) {
+      if (threadIdx.x == 32) add_query_gradient_tiles(smem, p.query_gradient_sum);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
     consume_backward<kRole, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);

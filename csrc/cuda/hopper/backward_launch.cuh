@@ -90,6 +90,9 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
   static_assert(kKeyPasses == 1 || kKeyPasses == 2);
   if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64) {
+    // The workspace was sized for sum rows of sum_row_stride(head_dim) floats; this instantiation writes its own.
+    if (!params.deterministic && sum_row_stride(s.head_dim) != KeyConfig::kHeadDim + kSumRowPad)
+      return cudaErrorInvalidValue;
     if (!params.deterministic) {
       const size_t rows_bytes = backward_rows_bytes(s);
       float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(rows_bytes));
