@@ -337,6 +337,7 @@ def main(argv=None) -> None:
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
                tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), args.deterministic, on_case=save)
+    save(rows)  # a grid that selected no case still leaves its (empty) JSON file
     print(format_table(rows))
     if args.plot:
         plot(rows, args.plot)

@@ -29,6 +29,12 @@ def _cuda_plugin_installed() -> bool:
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "") and not _cuda_plugin_installed():
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+# Under pytest-xdist several processes share one GPU; JAX's default preallocation (75% of its memory per process)
+# would make all but the first fail with out-of-memory errors (15 workers on an H200 did). Allocate on demand
+# instead, unless the caller chose otherwise.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax  # noqa: E402
 import numpy as np
 import pytest

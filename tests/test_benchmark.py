@@ -135,3 +135,9 @@ def test_bench_segments_breakdown_catches_a_document_leak(tmp_path, monkeypatch)
     bench_segments.main(["--breakdown", "--json", str(out), "--parts", "fwd", "--min-seconds", "0.01"])
     wrong = {r["case"] for r in json.loads(out.read_text())["rows"] if (r["error"] or "").startswith("wrong")}
     assert wrong == {"segment ids, equal documents", "segment ids, random documents"}
+
+
+def test_json_is_written_when_the_grid_selects_no_case(tmp_path):
+    out = tmp_path / "none.json"
+    benchmark.main(["--grid", "demo", "--seqs", "3", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == []

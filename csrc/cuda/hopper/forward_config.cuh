@@ -65,7 +65,9 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   // shared memory and one of its threads stores them with the TMA, which clips rows past seqlen_q and columns past
   // head_dim; the warpgroup goes on to its next work tile while the store drains. Otherwise the consumers store
   // their registers directly (accumulator_store.cuh).
-  static constexpr bool kStagedOutput = kQBytes + 2 * kStages * kKVBytes + kQBytes + 4096 <= 227 * 1024;
+  static constexpr uint32_t kOutputBytes = kConsumerWarpgroups * 64 * kHeadDim * sizeof(Element);
+  // 4096: room for the barriers, tickets and staged key tokens beside the tiles.
+  static constexpr bool kStagedOutput = kQBytes + 2 * kStages * kKVBytes + kOutputBytes + 4096 <= 227 * 1024;
   using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Element, 64, kHeadDim, 1>{}));
   // One warpgroup's share of the P V product: the layout its accumulator fragment has, for the shared-memory copy.
   using MmaPVWarpgroup = decltype(make_tiled_mma(
