@@ -412,14 +412,23 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
         copy(to_shared, thread_copy.retile_S(source), thread_copy.partition_D(get<5>(fused_queries)(_, _, ticket_parity)));
         cutlass::arch::fence_view_async_shared();
       }
+      if constexpr (kFused) {
+        // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
+        // buffer's previous contents). dQ's GEMM goes before dK's, so its block is handed over while dK's runs.
+        cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
+        warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
+                                 get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
+      }
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
     }
     if constexpr (kFused) {
-      // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
-      // buffer's previous contents).
-      cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
-      warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
-                               get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
+      warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
+      warpgroup_fence_operand(get<3>(fused_queries));
+      const int head_q = head * p.group + read_published(&smem.head_offsets[stage]);
+      const int64_t block = (int64_t(batch) * p.heads_q + head_q) * ((p.seqlen_q + kStreamed - 1) / kStreamed) +
+                            ticket.tile();
+      hand_over_query_gradient(get<3>(fused_queries), block * kStreamed * (kHeadDim + kSumRowPad));
+      ticket_parity ^= 1;
     }
     const int this_stage = stage;
     if (++stage == Config::kStages) {
@@ -432,14 +441,6 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
     } else {
       warpgroup_wait<0>();
-    }
-    if constexpr (kFused) {
-      warpgroup_fence_operand(get<3>(fused_queries));  // retired by the wait above
-      const int head_q = head * p.group + read_published(&smem.head_offsets[this_stage]);
-      const int64_t block = (int64_t(batch) * p.heads_q + head_q) * ((p.seqlen_q + kStreamed - 1) / kStreamed) +
-                            ticket.tile();
-      hand_over_query_gradient(get<3>(fused_queries), block * kStreamed * (kHeadDim + kSumRowPad));
-      ticket_parity ^= 1;
     }
     Barrier::arrive(&smem.empty[this_stage]);
     ticket = next;
