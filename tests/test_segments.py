@@ -105,6 +105,9 @@ CASES = [
     Case(330, 150, segments=False, lengths="q", is_causal=True),
     Case(150, 330, "bfloat16", heads=(4, 2), segments=False, lengths="kv", window=(50, 10), batch=3),
     Case(300, 300, "float16", segments=False, lengths="both", is_causal=True, softcap=10.0),
+    # The same in bfloat16 (the GPU's tensor-core kernels; float32 runs elsewhere), GQA, a row of length 0.
+    Case(330, 150, "bfloat16", heads=(4, 2), segments=False, lengths="q", is_causal=True),
+    Case(300, 300, "bfloat16", heads=(4, 1), segments=False, lengths="both", is_causal=True, batch=3),
 ]
 
 
