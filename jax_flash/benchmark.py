@@ -180,11 +180,13 @@ def _check(case: Case, q, k, v) -> float:
 
 
 def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = (),
-        seqs: tuple[int, ...] = (), deterministic: bool = False, on_case=None) -> list[dict]:
+        seqs: tuple[int, ...] = (), deterministic: bool = False, on_case=None,
+        head_dims: tuple[int, ...] = ()) -> list[dict]:
     """Every measurement of the grid; `on_case(rows)`, if given, sees the rows so far after each case, so a run cut
     short by a time limit still leaves what it measured."""
     on_gpu = jax.default_backend() == "gpu"
-    cases = [c._replace(deterministic=deterministic) for c in _grid(grid, on_gpu) if not seqs or c.seq in seqs]
+    cases = [c._replace(deterministic=deterministic) for c in _grid(grid, on_gpu)
+             if (not seqs or c.seq in seqs) and (not head_dims or c.head_dim in head_dims)]
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
     for case in tqdm(cases, desc="benchmark", unit="case"):
@@ -304,6 +306,7 @@ def main(argv=None) -> None:
     parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors", "quick", "features", "full"))
     parser.add_argument("--impls", help="comma-separated subset of the peers to run (default: all available)")
     parser.add_argument("--seqs", help="comma-separated sequence lengths to keep from the grid (default: all)")
+    parser.add_argument("--head-dims", help="comma-separated head dims to keep from the grid (default: all)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     parser.add_argument("--deterministic", action="store_true",
@@ -336,7 +339,8 @@ def main(argv=None) -> None:
 
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
-               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), args.deterministic, on_case=save)
+               tuple(int(s) for s in args.seqs.split(",")) if args.seqs else (), args.deterministic, on_case=save,
+               head_dims=tuple(int(d) for d in args.head_dims.split(",")) if args.head_dims else ())
     save(rows)  # a grid that selected no case still leaves its (empty) JSON file
     print(format_table(rows))
     if args.plot:

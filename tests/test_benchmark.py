@@ -141,3 +141,11 @@ def test_json_is_written_when_the_grid_selects_no_case(tmp_path):
     out = tmp_path / "none.json"
     benchmark.main(["--grid", "demo", "--seqs", "3", "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == []
+
+
+def test_head_dims_keeps_only_those_cases(tmp_path):
+    out = tmp_path / "d64.json"
+    benchmark.main(["--grid", "demo", "--seqs", "512", "--head-dims", "64", "--parts", "fwd", "--min-seconds", "0.001",
+                    "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and {r["head_dim"] for r in rows} == {64}
