@@ -361,23 +361,35 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       return kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
     };
     // P (and, capped, dS) elementwise, straight-line code: the mask test is int32 compares on tile-relative
-    // coordinates (a branch and a division per element made the loop overflow the instruction cache).
-    CUTE_UNROLL
-    for (int i = 0; i < size(tS); ++i) {
-      const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
-      float score = tS(i);
-      float slope = 1.f;
-      if constexpr (kCapped) {
-        const float t = tensor_core::tanh_fast(score * cap_input_scale);
-        score = p.mask.softcap * t;
-        slope = 1.f - t * t;
+    // coordinates (a branch and a division per element made the loop overflow the instruction cache). Tiles that
+    // need no mask (most of them) take a version of the loop without the test, chosen once per tile.
+    auto probabilities = [&](auto masked) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tS); ++i) {
+        const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
+        float score = tS(i);
+        float slope = 1.f;
+        if constexpr (kCapped) {
+          const float t = tensor_core::tanh_fast(score * cap_input_scale);
+          score = p.mask.softcap * t;
+          slope = 1.f - t * t;
+        }
+        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
+        if constexpr (decltype(masked)::value) {
+          const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+          probability = straddles && !visible ? 0.f : probability;  // capped tiles take this version unmasked too
+        }
+        tS(i) = probability;
+        if constexpr (kGradientA && !kDeferredScoreGradients)
+          tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
       }
-      float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
-      const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-      probability = straddles && !visible ? 0.f : probability;
-      tS(i) = probability;
-      if constexpr (kGradientA && !kDeferredScoreGradients)
-        tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
+    };
+    if constexpr (kCapped) {
+      probabilities(cute::true_type{});  // one version: a second costs the capped loops registers (spills)
+    } else if (straddles) {
+      probabilities(cute::true_type{});
+    } else {
+      probabilities(cute::false_type{});
     }
     uint64_t visible_entries = 0;
     if (ticket.masking() == TileMasking::kTokens) {
