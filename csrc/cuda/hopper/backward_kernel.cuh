@@ -278,8 +278,10 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor coord_rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
   Tensor score_rows = make_tensor(tS.data(), accumulator_rows(tS.layout()));
   Tensor score_gradient_rows = make_tensor(tdP.data(), accumulator_rows(tdP.layout()));
-  if constexpr (kGradientA) clear(tGradA);
-  if constexpr (kGradientB) clear(tGradB);
+  // The fences keep the zeroing ahead of the first scores' GEMMs: sunk below them, it made ptxas wait for those
+  // GEMMs at the loop's entry (C7517) in the query-major kernel.
+  if constexpr (kGradientA) clear(tGradA), warpgroup_fence_operand(tGradA);
+  if constexpr (kGradientB) clear(tGradB), warpgroup_fence_operand(tGradB);
   // Fused: dS^T goes to a shared buffer (by tile parity) as written by the score accumulator's layout, and each
   // warpgroup reads it back as the A operand of its half of dQ = dS K.
   auto fused_queries = [&] {
@@ -324,9 +326,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // and every consumer at 256; those issue the next scores only after the gradient GEMMs retired.
   constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
   constexpr int kScoreGemms = kGradientA ? 2 : 1;
-  // dS formed after P, under the GEMMs in flight (see the loop). Not with a soft cap (its slope needs the raw score,
-  // which P overwrites), and not in the pipelined loop: ptxas (nvcc 13.0) then serializes every wgmma (C7515).
-  constexpr bool kDeferredScoreGradients = kGradientA && !kCapped && !kPipelined;
+  // dS formed after P, under the GEMMs in flight (see the loop), in the fused kernel only: in the others the split
+  // waits measured 1-9% slower on the H200 (docs/benchmarks.md, fifth session). Not with a soft cap (its slope needs
+  // the raw score, which P overwrites), and not in the pipelined loop: ptxas (nvcc 13.0) then serializes every wgmma
+  // (C7515).
+  constexpr bool kDeferredScoreGradients = kFused && !kCapped && !kPipelined;
   auto issue_scores = [&](int stage) {
     warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
     if constexpr (kGradientA) warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
@@ -387,7 +391,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       for (int i = 0; i < size(tS); ++i) {
         const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
         float score = tS(i);
-        float slope = 1.f;
+        [[maybe_unused]] float slope = 1.f;  // unused where dS is formed later (uncapped)
         if constexpr (kCapped) {
           const float t = tensor_core::tanh_fast(score * cap_input_scale);
           score = p.mask.softcap * t;
