@@ -194,8 +194,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   // once per query head of its KV group.
   const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
   const TokenRow& walked_row = kKeyMajor ? query_row : key_row;
-  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end, walked_row,
-                                     kStreamed, !kKeyMajor};
+  const TokenRow& own_row = kKeyMajor ? key_row : query_row;
+  // The resident tile is the own side of every window the walk classifies: its summary is read once, so a window
+  // waits for the walked tiles' summaries alone (the consumers run dry while the producer waits).
+  const tensor_core::TokenSpan own_span = tensor_core::chunk_span<1>(own_row, resident_begin, resident_end);
+  const tensor_core::WalkSides sides{own_row,   resident_begin, resident_end, walked_row,
+                                     kStreamed, !kKeyMajor,     &own_span};
   int tiles_begin = 0, tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
   if (!p.tokens.q_positions) {
     const StreamedWalk<kKeyMajor, kResident, kStreamed> range(p.mask, resident_begin, resident_end, p.seqlen_q,
