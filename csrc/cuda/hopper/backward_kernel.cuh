@@ -160,9 +160,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       phase ^= 1;
     }
   };
-  auto post_no_tiles = [&] {
-    TileTicket::none().post(&smem.tickets[0]);
-    cutlass::arch::ClusterBarrier::arrive(&smem.full[0]);
+  // A stage that holds no tile and ends the consumers' loops: the whole walk when it finds no tile, or after a token
+  // walk's last tile (posted before the walk knew it was the last).
+  auto post_end = [&] {
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+    TileTicket::none().post(&smem.tickets[stage]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
   };
 
   const bool leader = threadIdx.x == 0;
@@ -176,7 +179,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
     // Query rows past the length need no mask: the forward gave them lse = -inf, so their probabilities are 0.
     const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, live_end, seqlen_q, seqlen_k,
                                                              p.group);
-    if (live_end <= resident_begin || walk.steps() == 0) return post_no_tiles();
+    if (live_end <= resident_begin || walk.steps() == 0) return post_end();
     load_resident();
     for (int step = 0; step < walk.steps(); ++step) {
       const int tile = walk.tile(step);
@@ -199,8 +202,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   // once per query head of its KV group.
   const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
   const TokenRow& walked_row = kKeyMajor ? query_row : key_row;
-  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end, walked_row,
-                                     kStreamed, !kKeyMajor};
+  const TokenRow& own_row = kKeyMajor ? key_row : query_row;
+  // The resident tile is the own side of every window the walk classifies: its summary is read once, so a window
+  // waits for the walked tiles' summaries alone (the consumers run dry while the producer waits).
+  const tensor_core::TokenSpan own_span = tensor_core::chunk_span<1>(own_row, resident_begin, resident_end);
+  const tensor_core::WalkSides sides{own_row,   resident_begin, resident_end, walked_row,
+                                     kStreamed, !kKeyMajor,     &own_span};
   int tiles_begin = 0, tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
   if (!p.tokens.q_positions) {
     const StreamedWalk<kKeyMajor, kResident, kStreamed> range(p.mask, resident_begin, resident_end, p.seqlen_q,
@@ -213,28 +220,30 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   tensor_core::TileWalk<> walk;
   int n = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
   if (n == tiles_end) {
-    if (leader) post_no_tiles();
+    if (leader) post_end();
     return;
   }
   if (leader) load_resident();
+  // Each tile is loaded as soon as it is found, and the search for the next one (window classifications: global
+  // loads in a row) runs while the consumers work on it. Its ticket cannot say whether it is the last, so an end
+  // stage follows the last tile (the dense walk knows its last tile and needs none).
   for (int head_offset = 0;;) {
-    // Before the next search moves the walk's window. A key-major CTA's last block may hold rows past seqlen_k
-    // (zeros, outside the walk's summary of its keys): an unmasked tile would give them probabilities, which the
-    // fused dQ sum must not see, so such blocks never run unmasked.
+    // The masking is read before the next search moves the walk's window. A key-major CTA's last block may hold
+    // rows past seqlen_k (zeros, outside the walk's summary of its keys): an unmasked tile would give them
+    // probabilities, which the fused dQ sum must not see, so such blocks never run unmasked.
     TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
     if (kKeyMajor && resident_end - resident_begin < kResident && masking == TileMasking::kNone)
       masking = TileMasking::kTokens;
-    int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
-    int next_head_offset = head_offset;
-    if (next == tiles_end && head_offset + 1 < heads) {
-      next_head_offset = head_offset + 1;
-      next = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
+    if (leader) load_step(head_offset, TileTicket::make(n, false, masking));
+    n = walk.first_visible(n + 1, tiles_end, sides, p.mask);
+    if (n == tiles_end && head_offset + 1 < heads) {
+      ++head_offset;
+      n = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
     }
-    const bool last = next == tiles_end;
-    if (leader) load_step(head_offset, TileTicket::make(n, last, masking));
-    if (last) return;
-    n = next;
-    head_offset = next_head_offset;
+    if (n == tiles_end) {
+      if (leader) post_end();
+      return;
+    }
   }
 }
 
