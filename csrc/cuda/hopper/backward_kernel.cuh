@@ -90,13 +90,6 @@ __device__ __forceinline__ bool lengths_only(const TokenMask& tokens) {
   return !tokens.q_segment_ids && !tokens.q_positions;  // ids and positions come in (query, key) pairs
 }
 
-// The tokens of a batch row below its length (all `seq` without lengths; a negative length leaves none).
-__device__ __forceinline__ int live_length(const int32_t* lengths, int batch, int seq) {
-  if (!lengths) return seq;
-  const int length = lengths[batch];
-  return length < 0 ? 0 : length < seq ? length : seq;
-}
-
 template <bool kKeyMajor, class Config>
 __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch) {
@@ -173,8 +166,8 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   const int resident_end = min(resident_begin + kResident, kKeyMajor ? p.seqlen_k : p.seqlen_q);
   if (!p.has_tokens || lengths_only(p.tokens)) {
     if (!leader) return;
-    const int seqlen_q = live_length(p.tokens.q_lengths, batch, p.seqlen_q);
-    const int seqlen_k = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);
+    // The row's live tokens (TokenRow::live: min(seq, length), at least 0); only the lengths are read here.
+    const int seqlen_q = query_tokens(p, batch).live, seqlen_k = key_tokens(p, batch).live;
     const int live_end = min(resident_end, kKeyMajor ? seqlen_k : seqlen_q);
     // Query rows past the length need no mask: the forward gave them lse = -inf, so their probabilities are 0.
     const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, live_end, seqlen_q, seqlen_k,
@@ -327,7 +320,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 
   const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
-  const int live_keys = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);  // the element mask's key limit
+  const int live_keys = key_tokens(p, batch).live;  // the element mask's key limit
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
