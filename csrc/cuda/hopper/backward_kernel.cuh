@@ -86,13 +86,6 @@ __device__ __forceinline__ bool lengths_only(const TokenMask& tokens) {
   return !tokens.q_segment_ids && !tokens.q_positions;  // ids and positions come in (query, key) pairs
 }
 
-// The tokens of a batch row below its length (all `seq` without lengths; a negative length leaves none).
-__device__ __forceinline__ int live_length(const int32_t* lengths, int batch, int seq) {
-  if (!lengths) return seq;
-  const int length = lengths[batch];
-  return length < 0 ? 0 : length < seq ? length : seq;
-}
-
 template <bool kKeyMajor, class Config>
 __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch) {
@@ -155,9 +148,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       phase ^= 1;
     }
   };
-  auto post_no_tiles = [&] {
-    TileTicket::none().post(&smem.tickets[0]);
-    cutlass::arch::ClusterBarrier::arrive(&smem.full[0]);
+  // A stage that holds no tile and ends the consumers' loops: the whole walk when it finds no tile, or after a token
+  // walk's last tile (posted before the walk knew it was the last).
+  auto post_end = [&] {
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+    TileTicket::none().post(&smem.tickets[stage]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
   };
 
   const bool leader = threadIdx.x == 0;
@@ -165,13 +161,13 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   const int resident_end = min(resident_begin + kResident, kKeyMajor ? p.seqlen_k : p.seqlen_q);
   if (!p.has_tokens || lengths_only(p.tokens)) {
     if (!leader) return;
-    const int seqlen_q = live_length(p.tokens.q_lengths, batch, p.seqlen_q);
-    const int seqlen_k = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);
+    // The row's live tokens (TokenRow::live: min(seq, length), at least 0); only the lengths are read here.
+    const int seqlen_q = query_tokens(p, batch).live, seqlen_k = key_tokens(p, batch).live;
     const int live_end = min(resident_end, kKeyMajor ? seqlen_k : seqlen_q);
     // Query rows past the length need no mask: the forward gave them lse = -inf, so their probabilities are 0.
     const StreamedWalk<kKeyMajor, kResident, kStreamed> walk(p.mask, resident_begin, live_end, seqlen_q, seqlen_k,
                                                              p.group);
-    if (live_end <= resident_begin || walk.steps() == 0) return post_no_tiles();
+    if (live_end <= resident_begin || walk.steps() == 0) return post_end();
     load_resident();
     for (int step = 0; step < walk.steps(); ++step) {
       const int tile = walk.tile(step);
@@ -194,8 +190,12 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   // once per query head of its KV group.
   const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
   const TokenRow& walked_row = kKeyMajor ? query_row : key_row;
-  const tensor_core::WalkSides sides{kKeyMajor ? key_row : query_row, resident_begin, resident_end, walked_row,
-                                     kStreamed, !kKeyMajor};
+  const TokenRow& own_row = kKeyMajor ? key_row : query_row;
+  // The resident tile is the own side of every window the walk classifies: its summary is read once, so a window
+  // waits for the walked tiles' summaries alone (the consumers run dry while the producer waits).
+  const tensor_core::TokenSpan own_span = tensor_core::chunk_span<1>(own_row, resident_begin, resident_end);
+  const tensor_core::WalkSides sides{own_row,   resident_begin, resident_end, walked_row,
+                                     kStreamed, !kKeyMajor,     &own_span};
   int tiles_begin = 0, tiles_end = ((kKeyMajor ? p.seqlen_q : p.seqlen_k) + kStreamed - 1) / kStreamed;
   if (!p.tokens.q_positions) {
     const StreamedWalk<kKeyMajor, kResident, kStreamed> range(p.mask, resident_begin, resident_end, p.seqlen_q,
@@ -208,24 +208,25 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   tensor_core::TileWalk<> walk;
   int n = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
   if (n == tiles_end) {
-    if (leader) post_no_tiles();
+    if (leader) post_end();
     return;
   }
   if (leader) load_resident();
+  // Each tile is loaded as soon as it is found, and the search for the next one (window classifications: global
+  // loads in a row) runs while the consumers work on it. Its ticket cannot say whether it is the last, so an end
+  // stage follows the last tile (the dense walk knows its last tile and needs none).
   for (int head_offset = 0;;) {
-    // Before the next search moves the walk's window.
-    const TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
-    int next = walk.first_visible(n + 1, tiles_end, sides, p.mask);
-    int next_head_offset = head_offset;
-    if (next == tiles_end && head_offset + 1 < heads) {
-      next_head_offset = head_offset + 1;
-      next = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
+    if (leader)  // the masking is read before the next search moves the walk's window
+      load_step(head_offset, TileTicket::make(n, false, token_tile_masking(walk, n, p.tokens.q_positions != nullptr)));
+    n = walk.first_visible(n + 1, tiles_end, sides, p.mask);
+    if (n == tiles_end && head_offset + 1 < heads) {
+      ++head_offset;
+      n = walk.first_visible(tiles_begin, tiles_end, sides, p.mask);
     }
-    const bool last = next == tiles_end;
-    if (leader) load_step(head_offset, TileTicket::make(n, last, masking));
-    if (last) return;
-    n = next;
-    head_offset = next_head_offset;
+    if (n == tiles_end) {
+      if (leader) post_end();
+      return;
+    }
   }
 }
 
@@ -286,7 +287,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 
   const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
-  const int live_keys = live_length(p.tokens.kv_lengths, batch, p.seqlen_k);  // the element mask's key limit
+  const int live_keys = key_tokens(p, batch).live;  // the element mask's key limit
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,

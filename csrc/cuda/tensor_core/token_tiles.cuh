@@ -123,6 +123,9 @@ struct WalkSides {
   ChunkRow walked;
   int walked_tile;
   bool walked_are_keys;
+  // The own tile's summary, read once, for a walk that classifies many windows against one own tile (a Hopper
+  // backward CTA walks a whole row): each window then waits only for the walked side's loads. Null: read per window.
+  const TokenSpan* own_span = nullptr;
 };
 
 // The walked side's non-empty tiles in increasing order, classified 32 at a time (a search may restart lower, e.g.
@@ -152,7 +155,8 @@ class TileWalk {
   __device__ __forceinline__ void classify_window(int base, int64_t end, const WalkSides& sides,
                                                   const AttentionMask& mask) {
     base_ = base;
-    const TokenSpan own = chunk_span<kChunksAtOnce>(sides.own, sides.own_begin, sides.own_end);
+    const TokenSpan own =
+        sides.own_span ? *sides.own_span : chunk_span<kChunksAtOnce>(sides.own, sides.own_begin, sides.own_end);
     const int64_t tile = base + threadIdx.x % 32;
     TileKind kind = TileKind::kEmpty;
     if (tile < end) {
