@@ -353,8 +353,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       sum_phase ^= 1;
       if (target >= 0) {
         for_each_column_pair(block, get<4>(fused_queries), kStreamed, kHeadDim,
-                             [&](int, int row, int column, float a, float b) {
-                               *reinterpret_cast<float2*>(&smem.query_gradient[row][column]) = make_float2(a, b);
+                             [&](int, int row) {
+                               float* destination = smem.query_gradient[row];
+                               return [=](int column, float a, float b) {
+                                 *reinterpret_cast<float2*>(destination + column) = make_float2(a, b);
+                               };
                              });
         cutlass::arch::fence_view_async_shared();  // visible to the bulk operation (the async proxy)
       }
