@@ -2,6 +2,9 @@
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py --groups tokens,decode
+
+(--groups picks some of dense, tokens and decode: racecheck over the whole matrix can outlast one device call.)
 
 Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
 GQA and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that
@@ -17,6 +20,7 @@ Exits non-zero if a result is not finite (or, for decode, out of that range).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 
@@ -72,11 +76,20 @@ def token_arguments(kind: str, seq_q: int, seq_k: int) -> dict:
     return arguments
 
 
-def main() -> int:
+GROUPS = ("dense", "tokens", "decode")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", default=",".join(GROUPS),
+                        help=f"comma-separated, of {', '.join(GROUPS)} (default: all)")
+    groups = parser.parse_args(argv).groups.split(",")
+    if unknown := set(groups) - set(GROUPS):
+        parser.error(f"unknown groups {sorted(unknown)}; choose from {', '.join(GROUPS)}")
     key = jax.random.key(0)
     failures = 0
-    token_cases = [(*case[:6], case[6], None, case[7]) for case in TOKEN_CASES]
-    dense_cases = [(*case, None) for case in CASES]
+    token_cases = [(*case[:6], case[6], None, case[7]) for case in TOKEN_CASES] if "tokens" in groups else []
+    dense_cases = [(*case, None) for case in CASES] if "dense" in groups else []
     for case, dtype in itertools.product(dense_cases + token_cases, (jnp.bfloat16, jnp.float16)):
         seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, softcap, tokens = case
         mask_arguments = token_arguments(tokens, seq_q, seq_k) if tokens else {}
@@ -94,7 +107,7 @@ def main() -> int:
         finite = np.isfinite(float(value)) and all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
         print(case, jnp.dtype(dtype).name, "ok" if finite else "NOT FINITE", flush=True)
         failures += not finite
-    for case, dtype in itertools.product(DECODE_CASES, (jnp.bfloat16, jnp.float16)):
+    for case, dtype in itertools.product(DECODE_CASES if "decode" in groups else [], (jnp.bfloat16, jnp.float16)):
         ok = decode_reads_only_valid_entries(case, dtype)
         print("decode", case, jnp.dtype(dtype).name, "ok" if ok else "NOT FINITE OR OUT OF RANGE", flush=True)
         failures += not ok
