@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py --groups tokens,decode
 
-(--groups picks some of dense, tokens and decode: racecheck over the whole matrix can outlast one device call.)
+(--groups picks some of dense, fused, tokens and decode: racecheck over the whole matrix can outlast one device
+call.)
 
 Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
 GQA and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that
@@ -44,6 +45,12 @@ CASES = [
     (256, 256, 36, 6, 64, True, None, None),
 ]
 
+# Long enough (seq_q >= 2048, head dim 65..128) for the Hopper backward that accumulates dq inside its dk/dv kernel;
+# its own group because one such case under racecheck costs as much as the whole dense group.
+FUSED_CASES = [
+    (2049, 2063, 2, 1, 128, True, None, None),
+]
+
 TOKEN_CASES = [
     # (seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, mask arguments)
     (300, 300, 4, 2, 64, True, None, "segments"),
@@ -76,7 +83,7 @@ def token_arguments(kind: str, seq_q: int, seq_k: int) -> dict:
     return arguments
 
 
-GROUPS = ("dense", "tokens", "decode")
+GROUPS = ("dense", "fused", "tokens", "decode")
 
 
 def main(argv=None) -> int:
@@ -90,6 +97,7 @@ def main(argv=None) -> int:
     failures = 0
     token_cases = [(*case[:6], case[6], None, case[7]) for case in TOKEN_CASES] if "tokens" in groups else []
     dense_cases = [(*case, None) for case in CASES] if "dense" in groups else []
+    dense_cases += [(*case, None) for case in FUSED_CASES] if "fused" in groups else []
     for case, dtype in itertools.product(dense_cases + token_cases, (jnp.bfloat16, jnp.float16)):
         seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, softcap, tokens = case
         mask_arguments = token_arguments(tokens, seq_q, seq_k) if tokens else {}
