@@ -87,8 +87,8 @@ struct AttentionBackwardParams {
   void* dk;
   void* dv;
   TokenMask tokens;
-  // Bitwise-identical gradients run to run. When false, the Hopper kernels may sum dQ with atomics (one pass over
-  // the keys instead of two); every other kernel is deterministic either way.
+  // Bitwise-identical gradients run to run. When false, the Hopper kernels may sum dQ with reduce-adds in a varying
+  // order (one pass over the keys instead of two); every other kernel is deterministic either way.
   bool deterministic;
 };
 

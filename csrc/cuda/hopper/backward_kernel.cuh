@@ -465,9 +465,8 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
       warpgroup_fence_operand(get<3>(fused_queries));
       const int head_q = head * p.group + read_published(&smem.head_offsets[stage]);
-      const int64_t block = (int64_t(batch) * p.heads_q + head_q) * ((p.seqlen_q + kStreamed - 1) / kStreamed) +
-                            ticket.tile();
-      hand_over_query_gradient(get<3>(fused_queries), block * kStreamed * (kHeadDim + kSumRowPad));
+      const int64_t block = sum_block(batch, head_q, ticket.tile(), p.heads_q, sum_query_tiles(p.seqlen_q));
+      hand_over_query_gradient(get<3>(fused_queries), block * kSumTileRows * (kHeadDim + kSumRowPad));
       ticket_parity ^= 1;
     }
     const int this_stage = stage;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <cuda_runtime.h>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "../../attention_params.h"
@@ -21,9 +22,9 @@ constexpr int kSumTileRows = 64;  // the key-major kernel's streamed tile when i
 constexpr int kSumRowPad = 4;
 
 // Whether a call's backward runs fused. A fused form exists for head dims <= 128 (one key pass, 64-query streamed
-// tiles), but on the H200 (docs/benchmarks.md, sixth session) fusing paid only in the 128 instantiation
-// with long query axes: +7% forward+backward at S = 4k full, +1% causal, against 1-6% slower at S = 1k and 0-3%
-// slower at head dim 64. Elsewhere dQ keeps its own (query-major) kernel.
+// tiles), but on the H200 (docs/benchmarks.md, sixth session) fusing paid only in the 128 instantiation with long
+// query axes, 1-6% slower at S = 1k and 0-3% slower at head dim 64. As merged (eighth session) it gains 4% forward+
+// backward at D = 128, S = 4k full and 3% causal. Elsewhere dQ keeps its own (query-major) kernel.
 constexpr int kFusedHeadDim = 128;  // the one instantiation that fuses (head dims 65..128)
 constexpr int64_t kFusedMinQueries = 2048;
 inline bool fuses_query_gradient(const AttentionShape& s, bool deterministic) {
@@ -35,13 +36,21 @@ inline bool fuses_query_gradient(const AttentionShape& s, bool deterministic) {
 // launcher checks that the instantiation's padded row agrees.
 inline int64_t sum_row_stride(int64_t head_dim) { return (head_dim + 63) / 64 * 64 + kSumRowPad; }
 
-__host__ __device__ inline int64_t sum_query_tiles(const AttentionShape& s) {
-  return (s.seqlen_q + kSumTileRows - 1) / kSumTileRows;
+template <typename Int>  // int in the kernels, int64_t from an AttentionShape
+__host__ __device__ inline Int sum_query_tiles(Int seqlen_q) {
+  return (seqlen_q + kSumTileRows - 1) / kSumTileRows;
+}
+
+// The block of (batch, query head, query tile) among a call's blocks, `tiles` query tiles per head: it starts
+// block * kSumTileRows rows into the sum.
+__host__ __device__ inline int64_t sum_block(int64_t batch, int64_t head, int64_t tile, int64_t heads_q,
+                                             int64_t tiles) {
+  return (batch * heads_q + head) * tiles + tile;
 }
 
 inline size_t query_gradient_sum_bytes(const AttentionShape& s) {
   return sizeof(float) *
-         size_t(s.batch * s.heads_q * sum_query_tiles(s) * kSumTileRows * sum_row_stride(s.head_dim));
+         size_t(s.batch * s.heads_q * sum_query_tiles(s.seqlen_q) * kSumTileRows * sum_row_stride(s.head_dim));
 }
 
 // Where the sum starts after `rows_bytes` of per-row inputs, and what the workspace needs for it.
@@ -56,7 +65,7 @@ inline size_t query_gradient_sum_workspace_bytes(const AttentionShape& s, bool d
 template <typename Element>
 __global__ void round_query_gradient_kernel(const float* sum, Element* dq, AttentionShape s, int64_t row_stride,
                                             float scale) {
-  const int64_t pairs_per_row = s.head_dim / 2, tiles = sum_query_tiles(s);
+  const int64_t pairs_per_row = s.head_dim / 2, tiles = sum_query_tiles(s.seqlen_q);
   const int64_t pairs = s.batch * s.seqlen_q * s.heads_q * pairs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t column = 2 * (i % pairs_per_row);
@@ -64,7 +73,7 @@ __global__ void round_query_gradient_kernel(const float* sum, Element* dq, Atten
     const int64_t head = rest % s.heads_q;
     rest /= s.heads_q;
     const int64_t row = rest % s.seqlen_q, batch = rest / s.seqlen_q;
-    const int64_t block = (batch * s.heads_q + head) * tiles + row / kSumTileRows;
+    const int64_t block = sum_block(batch, head, row / kSumTileRows, s.heads_q, tiles);
     const float2 value =
         *reinterpret_cast<const float2*>(sum + (block * kSumTileRows + row % kSumTileRows) * row_stride + column);
     dq[2 * i] = Element(value.x * scale);
@@ -102,8 +111,9 @@ __device__ void add_query_gradient_tiles(Storage& smem, float* sum) {
     const int64_t target = smem.query_gradient_target;
     if (target < 0) break;
     bulk_reduce_add(sum + target, &smem.query_gradient[0][0], sizeof(smem.query_gradient));
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    // CuTe's bulk-group commit and read-wait: named for TMA stores, the same for any bulk operation.
+    cute::tma_store_arrive();
+    cute::tma_store_wait<0>();
     cutlass::arch::ClusterBarrier::arrive(&smem.query_gradient_empty);
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the last additions are complete, not just read
