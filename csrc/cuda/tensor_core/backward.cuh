@@ -348,18 +348,13 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
         kTokens ? tokens_full
                 : key0 + kBlockN <= shape.seqlen_k &&
                       tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
-    const TileMask tile_mask(mask, shape.seqlen_k, row_begin + warp_row, key0);
     const auto to_gradients = [&](auto capped) {
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const AccumulatorIndex at = accumulator_index(0, j, e);
           const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
-          float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
-          if (!unmasked && !(kTokens ? entry_visible<kNTiles>(token_visible_entries, 0, j, e)
-                                     : tile_mask.visible(at.row, at.column)))
-            p = 0.f;
+          const float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
           s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
         }
       }
@@ -368,6 +363,22 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
       to_gradients(std::true_type{});
     } else {
       to_gradients(std::false_type{});
+    }
+    // Hidden entries' dS is 0 (their p is), selected rather than multiplied since a hidden logit may overflow p. A
+    // pass of its own after the gradients: inside their loop (as the dk/dv kernel has it, where moving it out spills
+    // at head dim 128) it took this kernel from 168 to 180 registers at head dim 64, one block per SM fewer.
+    if (!unmasked) {
+      const TileMask tile_mask(mask, shape.seqlen_k, row_begin + warp_row, key0);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const AccumulatorIndex at = accumulator_index(0, j, e);
+          const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, 0, j, e)
+                                       : tile_mask.visible(at.row, at.column);
+          if (!visible) s[0][j][e] = 0.f;
+        }
+      }
     }
     uint32_t ds_operand[1][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, ds_operand);
