@@ -87,6 +87,9 @@ struct AttentionBackwardParams {
   void* dk;
   void* dv;
   TokenMask tokens;
+  // Bitwise-identical gradients run to run. When false, the Hopper kernels may sum dQ with atomics (one pass over
+  // the keys instead of two); every other kernel is deterministic either way.
+  bool deterministic;
 };
 
 }  // namespace jax_flash

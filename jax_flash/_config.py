@@ -32,6 +32,7 @@ class AttentionConfig(NamedTuple):
     window_right: int = -1
     softcap: float = 0.0
     token_inputs: tuple[str, ...] = ()
+    deterministic: bool = True  # backward: bitwise-identical gradients run to run (the fused CUDA dQ sum is not)
 
     def ffi_attributes(self) -> dict:
         # Names and types must match AttentionAttrs in csrc/ffi/attention_attrs.h, which the decode kernels share
@@ -43,4 +44,5 @@ class AttentionConfig(NamedTuple):
             window_right=np.int64(self.window_right),
             softcap=np.float32(self.softcap),
             mask_inputs=np.int64(sum(1 << k for k, name in enumerate(TOKEN_INPUTS) if name in self.token_inputs)),
+            deterministic=np.int64(self.deterministic),
         )

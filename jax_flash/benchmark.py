@@ -37,6 +37,7 @@ class Case(NamedTuple):
     heads_kv: int | None = None  # None: as many as query heads
     window: tuple[int, int] | None = None  # local_window_size
     softcap: float | None = None
+    deterministic: bool = False  # jax_flash's backward: bitwise-stable (two kernels) or the default (fused dQ sum)
 
     def visible_pairs(self) -> float:
         """(query, key) pairs the mask lets through, per batch and head: what FLOP/s are counted on. Causal counts
@@ -87,7 +88,8 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3, FP8: 3e-2}
 def _random_inputs(case: Case):
     """q, k, v of the case, standard normal. FP8 cases draw bfloat16 and round it to e4m3 (its range holds them,
     so every per-tensor scale is 1); the peers, which take no FP8, get the same values as bfloat16 (_peer_inputs)."""
-    keys = jax.random.split(jax.random.key(hash(case) % 2**31), 3)
+    # The same data whichever backward is timed.
+    keys = jax.random.split(jax.random.key(hash(case._replace(deterministic=False)) % 2**31), 3)
     kv_shape = (case.batch, case.seq, case.heads_kv or case.heads, case.head_dim)
     draw_dtype = jnp.bfloat16 if case.dtype == FP8 else case.dtype
     q = jax.random.normal(keys[0], (case.batch, case.seq, case.heads, case.head_dim), draw_dtype)
@@ -123,6 +125,7 @@ def _attention(impl: str, case: Case):
             softcap=case.softcap)
     if impl == "jax_flash":
         return lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
+                                                               deterministic=case.deterministic,
                                                                softcap=case.softcap)
     if case.softcap is not None:
         return None
@@ -177,11 +180,12 @@ def _check(case: Case, q, k, v) -> float:
 
 
 def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = (),
-        seqs: tuple[int, ...] = (), on_case=None, head_dims: tuple[int, ...] = ()) -> list[dict]:
+        seqs: tuple[int, ...] = (), deterministic: bool = False, on_case=None,
+        head_dims: tuple[int, ...] = ()) -> list[dict]:
     """Every measurement of the grid; `on_case(rows)`, if given, sees the rows so far after each case, so a run cut
     short by a time limit still leaves what it measured."""
     on_gpu = jax.default_backend() == "gpu"
-    cases = [c for c in _grid(grid, on_gpu)
+    cases = [c._replace(deterministic=deterministic) for c in _grid(grid, on_gpu)
              if (not seqs or c.seq in seqs) and (not head_dims or c.head_dim in head_dims)]
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
@@ -312,6 +316,8 @@ def main(argv=None) -> None:
                         help="comma-separated head dims to keep from the grid (default: all)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="time jax_flash's bitwise-stable backward instead of the default")
     parser.add_argument("--json", help="write every measurement to this JSON file")
     parser.add_argument("--plot", help="write a TFLOP/s bar chart to this PNG (needs matplotlib)")
     parser.add_argument("--memory", type=int, nargs="?", const=32768, metavar="SEQ",
@@ -340,7 +346,7 @@ def main(argv=None) -> None:
 
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
-               args.seqs, on_case=save, head_dims=args.head_dims)
+               args.seqs, args.deterministic, on_case=save, head_dims=args.head_dims)
     save(rows)  # a grid that selected no case still leaves its (empty) JSON file
     print(format_table(rows))
     if args.plot:

@@ -76,6 +76,7 @@ ERROR_CASES = {
     "softcap_negative": (Q, KV, None, None, dict(softcap=-1.0), ValueError, r"softcap must be positive"),
     "softcap_string": (Q, KV, None, None, dict(softcap="big"), TypeError, r"softcap must be a number"),
     "scale_string": (Q, KV, None, None, dict(scale="half"), TypeError, r"scale must be a number"),
+    "deterministic_int": (Q, KV, None, None, dict(deterministic=1), TypeError, r"deterministic must be a bool"),
 }
 
 

@@ -13,7 +13,7 @@ namespace jax_flash {
 // Device scratch each direction needs, in bytes (the forward's only under a token mask); the caller allocates it
 // through XLA and passes it in, 16-byte aligned.
 size_t attention_forward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens);
-size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens);
+size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens, bool deterministic);
 
 // Return the launch error (never synchronize the stream).
 cudaError_t launch_attention_forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);

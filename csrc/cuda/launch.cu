@@ -38,11 +38,11 @@ size_t forward_kernel_workspace_bytes() {
 #endif
 }
 
-size_t backward_kernel_workspace_bytes(const AttentionShape& shape) {
+size_t backward_kernel_workspace_bytes(const AttentionShape& shape, bool deterministic) {
   const size_t sm80_bytes = cuda_kernels::backward_delta_bytes(shape);
 #if defined(JAX_FLASH_WITH_HOPPER)
   // Sized at the handler before the kernel family is chosen, so enough for either.
-  const size_t hopper_bytes = cuda_kernels::hopper::backward_workspace_bytes(shape);
+  const size_t hopper_bytes = cuda_kernels::hopper::backward_workspace_bytes(shape, deterministic);
   return hopper_bytes > sm80_bytes ? hopper_bytes : sm80_bytes;
 #else
   return sm80_bytes;
@@ -61,8 +61,8 @@ size_t attention_forward_workspace_bytes(const AttentionShape& shape, const Toke
   return workspace_bytes(forward_kernel_workspace_bytes(), shape, tokens);
 }
 
-size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
-  return workspace_bytes(backward_kernel_workspace_bytes(shape), shape, tokens);
+size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens, bool deterministic) {
+  return workspace_bytes(backward_kernel_workspace_bytes(shape, deterministic), shape, tokens);
 }
 
 cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* workspace, cudaStream_t stream) {
@@ -89,7 +89,8 @@ cudaError_t launch_attention_backward(const AttentionBackwardParams& call, void*
   if (!supported(call.shape) || !aligned) return cudaErrorInvalidValue;
   if (call.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(call, workspace, stream);
   AttentionBackwardParams params = call;
-  void* chunks = static_cast<char*>(workspace) + chunks_offset(backward_kernel_workspace_bytes(params.shape));
+  void* chunks = static_cast<char*>(workspace) +
+                 chunks_offset(backward_kernel_workspace_bytes(params.shape, params.deterministic));
   if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, chunks, stream);
       status != cudaSuccess)
     return status;

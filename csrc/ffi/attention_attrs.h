@@ -15,6 +15,7 @@ struct AttentionAttrs {
   int64_t window_right;  // < 0: unbounded
   float softcap;         // <= 0: off
   int64_t mask_inputs;   // which token-mask operands are present, a set of TokenInput bits (0 for decode)
+  int64_t deterministic; // backward: nonzero asks for bitwise-identical gradients run to run
 };
 
 // The token-mask operands that follow q, k, v (forward) or dout, q, k, v, out, lse (backward), in this order, each
@@ -40,4 +41,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs, ::xla::ffi::Str
                                       ::xla::ffi::StructMember<int64_t>("window_left"),
                                       ::xla::ffi::StructMember<int64_t>("window_right"),
                                       ::xla::ffi::StructMember<float>("softcap"),
-                                      ::xla::ffi::StructMember<int64_t>("mask_inputs"));
+                                      ::xla::ffi::StructMember<int64_t>("mask_inputs"),
+                                      ::xla::ffi::StructMember<int64_t>("deterministic"));

@@ -150,6 +150,7 @@ ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& d
     if (auto error = check_like(name, *buffer, *like); error.failure()) return error;
   params->mask = to_mask(attrs);
   params->scale = attrs.scale;
+  params->deterministic = attrs.deterministic != 0;
   params->dout = dout.untyped_data();
   params->q = q.untyped_data();
   params->k = k.untyped_data();

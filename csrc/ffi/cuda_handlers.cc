@@ -46,7 +46,8 @@ ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi
       error.failure())
     return error;
   void* workspace;
-  if (auto error = allocate_scratch(scratch, attention_backward_workspace_bytes(params.shape, params.tokens),
+  if (auto error = allocate_scratch(scratch, attention_backward_workspace_bytes(params.shape, params.tokens,
+                                                                               params.deterministic),
                                     "backward workspace", &workspace);
       error.failure())
     return error;

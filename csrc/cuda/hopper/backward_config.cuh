@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "forward_config.cuh"
+#include "query_gradient_sum.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -67,7 +68,47 @@ struct BackwardConfig : WarpRoles<kResident_ / 64> {
     uint64_t resident_full;
     uint64_t full[kStages];
     uint64_t empty[kStages];
-    int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
+    int tickets[kStages];       // what each stage holds (tile_tickets.cuh)
+    int head_offsets[kStages];  // key-major: which query head of the KV group the stage's queries belong to
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");
+};
+
+// The key-major configuration extended for the fused backward (role kFused): each streamed tile's
+// dQ = dS K (queries x head_dim, summed over the CTA's keys) is added into a float32 sum (query_gradient_sum.cuh).
+// dS leaves registers through shared memory, in two buffers by tile parity, because this product needs it with
+// queries as rows; the two consumer warpgroups then each compute half of the head dim's columns, write them to a
+// shared block, and a producer-side warp adds the block to the sum.
+template <class Base>
+struct FusedBackwardConfig : Base {
+  using Element = typename Base::Element;
+  using Base::kConsumerWarpgroups;
+  using Base::kHeadDim;
+  using Base::kResident;
+  using Base::kStreamed;
+  static_assert(kStreamed == 64 && kConsumerWarpgroups == 2, "dS buffers are one 128-byte swizzle atom of queries");
+  static_assert(kStreamed == kSumTileRows, "one streamed tile is one block of the dQ sum");
+
+  // (queries, keys, buffer), queries contiguous: the MN-major A operand of dQ = dS K.
+  using ScoreGradientLayout =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kStreamed>, Int<kResident>, _2>{}));
+  // The same bytes as (keys, queries, buffer): where the key-major accumulator of dS^T is written.
+  using ScoreGradientTransposed = TransposedTiles<ScoreGradientLayout, kStreamed, kResident, 2>;
+  // K as (head_dim, keys): the MN-major B operand.
+  using ResidentTransposed = TransposedTiles<typename Base::ResidentLayout, kResident, kHeadDim, 1>;
+  using MmaQueries = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kStreamed>, Int<kHeadDim / kConsumerWarpgroups>, Int<kResident>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kConsumerWarpgroups>, _1>>{}));
+
+  struct SharedStorage : Base::SharedStorage {
+    alignas(1024) array_aligned<Element, cosize_v<ScoreGradientLayout>, 1024> score_gradients;
+    alignas(128) float query_gradient[kStreamed][kHeadDim + kSumRowPad];  // one tile's dQ, for the bulk add
+    uint64_t query_gradient_full;   // the consumers wrote the block (and its target)
+    uint64_t query_gradient_empty;  // the bulk add has read it
+    int64_t query_gradient_target;  // the block's offset in the sum, in floats; -1: no more blocks
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

@@ -2,7 +2,10 @@
 //   key-major   (dK, dV): S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q, summed over the query
 //                         heads of the KV group and over query tiles inside the CTA; where the two accumulators do
 //                         not fit in registers together (head dim 256) it runs twice, dV alone (no dP needed) then dK;
-//   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles.
+//   query-major (dQ):     S = Q K^T, dP = dO V^T, then dQ += dS K over key tiles;
+//   fused       (all):    the key-major kernel that also adds each streamed tile's dQ = dS K into a float32 sum
+//                         (query_gradient_sum.cuh: a shared block per tile, bulk-added by a producer-side warp), so no
+//                         query-major kernel runs (not bitwise deterministic).
 // with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
@@ -31,7 +34,7 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
-enum class BackwardRole { kKeysAndValues, kValues, kKeys, kQueries };
+enum class BackwardRole { kKeysAndValues, kValues, kKeys, kQueries, kFused };
 
 template <BackwardRole kRole>
 inline constexpr bool kKeyMajorRole = kRole != BackwardRole::kQueries;
@@ -47,6 +50,7 @@ struct BackwardKernelParams {
   const float* delta;     // [batch, heads_q, padded seqlen_q]
   void* grad_a;  // dK (key-major) or dQ, [batch, rows, heads, head_dim]
   void* grad_b;  // dV (key-major)
+  float* query_gradient_sum;  // fused: tiled as query_gradient_sum.cuh says, zeroed before the launch
   int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
   AttentionMask mask;
   TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
@@ -130,6 +134,7 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
                                       group_modes<0, 2>(streamed_tile(p.tma_streamed_b)));
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
     ticket.post(&smem.tickets[stage]);
+    publish(&smem.head_offsets[stage], head_offset);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], kStepBytes);
     copy(p.tma_streamed_a.with(smem.full[stage]), tSgA, tSsA(_, stage));
     copy(p.tma_streamed_b.with(smem.full[stage]), tSgB, tSsB(_, stage));
@@ -174,10 +179,10 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
       const int query_begin = kKeyMajor ? tile * kStreamed : resident_begin;
       const int key_begin = kKeyMajor ? resident_begin : tile * kStreamed;
       const int key_end = key_begin + (kKeyMajor ? kResident : kStreamed);
-      // Keys past seqlen_k load as zeros, but exp2(0 - lse) can overflow: in the dQ sum they must be masked too.
-      // Keys past a shorter length hold data: their probabilities must be 0 in dK and dV as well.
+      // Keys past the row's key length load as zeros (past seqlen_k) or hold data (past a shorter length): in
+      // the dQ sums (query-major and fused) and in dK and dV their probabilities must be 0.
       const bool straddles =
-          ((!kKeyMajor || seqlen_k < p.seqlen_k) && key_end > seqlen_k) ||
+          key_end > seqlen_k ||
           !tile_inside_window(p.mask, query_begin, query_begin + (kKeyMajor ? kStreamed : kResident), key_begin,
                               key_end);
       load_step(walk.head_offset(step), TileTicket::make(tile, step + 1 == walk.steps(),
@@ -216,8 +221,13 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   // loads in a row) runs while the consumers work on it. Its ticket cannot say whether it is the last, so an end
   // stage follows the last tile (the dense walk knows its last tile and needs none).
   for (int head_offset = 0;;) {
-    if (leader)  // the masking is read before the next search moves the walk's window
-      load_step(head_offset, TileTicket::make(n, false, token_tile_masking(walk, n, p.tokens.q_positions != nullptr)));
+    // The masking is read before the next search moves the walk's window. A key-major CTA's last block may hold
+    // rows past seqlen_k (zeros, outside the walk's summary of its keys): an unmasked tile would give them
+    // probabilities, which the fused dQ sum must not see, so such blocks never run unmasked.
+    TileMasking masking = token_tile_masking(walk, n, p.tokens.q_positions != nullptr);
+    if (kKeyMajor && resident_end - resident_begin < kResident && masking == TileMasking::kNone)
+      masking = TileMasking::kTokens;
+    if (leader) load_step(head_offset, TileTicket::make(n, false, masking));
     n = walk.first_visible(n + 1, tiles_end, sides, p.mask);
     if (n == tiles_end && head_offset + 1 < heads) {
       ++head_offset;
@@ -230,13 +240,15 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
-template <BackwardRole kRole, class Config>
+template <BackwardRole kRole, bool kCapped, class Config>
 __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                  int resident_block, int head, int batch, int thread) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   // gradient A is dK or dQ (needs dS, hence dP); gradient B is dV (needs only P).
   constexpr bool kGradientA = kRole != BackwardRole::kValues;
-  constexpr bool kGradientB = kRole == BackwardRole::kKeysAndValues || kRole == BackwardRole::kValues;
+  constexpr bool kGradientB =
+      kRole == BackwardRole::kKeysAndValues || kRole == BackwardRole::kValues || kRole == BackwardRole::kFused;
+  constexpr bool kFused = kRole == BackwardRole::kFused;
   using Element = typename Config::Element;
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -268,8 +280,29 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor coord_rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
   Tensor score_rows = make_tensor(tS.data(), accumulator_rows(tS.layout()));
   Tensor score_gradient_rows = make_tensor(tdP.data(), accumulator_rows(tdP.layout()));
-  if constexpr (kGradientA) clear(tGradA);
-  if constexpr (kGradientB) clear(tGradB);
+  // The fences keep the zeroing ahead of the first scores' GEMMs: sunk below them, it made ptxas wait for those
+  // GEMMs at the loop's entry (C7517) in the query-major kernel.
+  if constexpr (kGradientA) clear(tGradA), warpgroup_fence_operand(tGradA);
+  if constexpr (kGradientB) clear(tGradB), warpgroup_fence_operand(tGradB);
+  // Fused: dS^T goes to a shared buffer (by tile parity) as written by the score accumulator's layout, and each
+  // warpgroup reads it back as the A operand of its half of dQ = dS K.
+  auto fused_queries = [&] {
+    if constexpr (kFused) {
+      typename Config::MmaQueries mma_queries;
+      auto thread_queries = mma_queries.get_thread_slice(thread);
+      Tensor sdS = make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientLayout{});
+      Tensor sdSt =
+          make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientTransposed{});
+      Tensor sKt = make_tensor(make_smem_ptr(smem.resident_a.data()), typename Config::ResidentTransposed{});
+      return cute::make_tuple(mma_queries, thread_queries.partition_fragment_A(sdS),
+                              thread_queries.partition_fragment_B(sKt),
+                              partition_fragment_C(mma_queries, Shape<Int<kStreamed>, Int<kHeadDim>>{}),
+                              thread_queries.partition_C(make_identity_tensor(Shape<Int<kStreamed>, Int<kHeadDim>>{})),
+                              sdSt);
+    } else {
+      return 0;
+    }
+  }();
 
   const int resident_begin = resident_block * kResident;
   const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
@@ -295,6 +328,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // and every consumer at 256; those issue the next scores only after the gradient GEMMs retired.
   constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
   constexpr int kScoreGemms = kGradientA ? 2 : 1;
+  // dS formed after P, under the GEMMs in flight (see the loop), in the fused kernel only: in the others the split
+  // waits measured 1-9% slower on the H200 (docs/benchmarks.md, fifth session). Not with a soft cap (its slope needs
+  // the raw score, which P overwrites), and not in the pipelined loop: ptxas (nvcc 13.0) then serializes every wgmma
+  // (C7515).
+  constexpr bool kDeferredScoreGradients = kFused && !kCapped && !kPipelined;
   auto issue_scores = [&](int stage) {
     warpgroup_gemm<true, -1>(mma_scores, tRa, tSa(_, _, _, stage), tS);
     if constexpr (kGradientA) warpgroup_gemm<true, -1>(mma_scores, tRb, tSb(_, _, _, stage), tdP);
@@ -306,70 +344,131 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     return TileTicket::read(&smem.tickets[stage]);
   };
   TileTicket ticket = wait_for_ticket();
+  [[maybe_unused]] int ticket_parity = 0;  // fused: which dS buffer this tile uses
+  [[maybe_unused]] uint32_t sum_phase = 1;  // fused: the dQ block's "empty" barrier; a fresh one counts as released
+  // Fused: this tile's dQ block to shared memory and its place in the sum (or -1: no more) for the dQ writer.
+  auto hand_over_query_gradient = [&](auto const& block, int64_t target) {
+    if constexpr (kFused) {
+      Barrier::wait(&smem.query_gradient_empty, sum_phase);
+      sum_phase ^= 1;
+      if (target >= 0) {
+        for_each_column_pair(block, get<4>(fused_queries), kStreamed, kHeadDim,
+                             [&](int, int row) {
+                               float* destination = smem.query_gradient[row];
+                               return [=](int column, float a, float b) {
+                                 *reinterpret_cast<float2*>(destination + column) = make_float2(a, b);
+                               };
+                             });
+        cutlass::arch::fence_view_async_shared();  // visible to the bulk operation (the async proxy)
+      }
+      if (thread == 0) smem.query_gradient_target = target;
+      Barrier::arrive(&smem.query_gradient_full);
+    }
+  };
   if (!ticket.is_none()) {
     Barrier::wait(&smem.resident_full, 0);
     if constexpr (kPipelined) issue_scores(stage);
   }
   while (!ticket.is_none()) {
     if constexpr (!kPipelined) issue_scores(stage);
-    warpgroup_wait<0>();
+    // The scores' batch was issued before dP's. Where dS can wait (kDeferredScoreGradients), the exponentials need
+    // only S: waiting for all but the newest batch leaves dP's GEMM running under them, and dS is formed later,
+    // under dV's GEMM. Otherwise P and dS are formed in one pass once both products have landed.
+    warpgroup_wait<kDeferredScoreGradients ? 1 : 0>();
     warpgroup_fence_operand(tS);
-    warpgroup_fence_operand(tdP);
+    if constexpr (!kDeferredScoreGradients) warpgroup_fence_operand(tdP);
 
     const int streamed_begin = ticket.tile() * kStreamed;
     const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
     const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
     const bool straddles = ticket.masking() == TileMasking::kWindow;
     const TileMask tile_mask(p.mask, live_keys, query_begin, key_begin);
-    // P and dS elementwise. The soft-cap and mask choices are made once per tile, outside the unrolled loop, and the
-    // mask test is int32 compares on tile-relative coordinates, so the loop is straight-line code (a branch and a
-    // division per element made it overflow the instruction cache). Most tiles need no mask, and their loop leaves
-    // out its four instructions per element; the capped loop keeps one version, masked when the tile needs it.
-    auto probabilities_and_score_gradients = [&](auto capped, auto masked) {
+    // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
+    auto lse_of = [&](int i, int streamed) { return kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2]; };
+    auto delta_of = [&](int i, int streamed) {
+      return kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
+    };
+    // P (and, capped, dS) elementwise, straight-line code: the mask test is int32 compares on tile-relative
+    // coordinates (a branch and a division per element made the loop overflow the instruction cache). Tiles that
+    // need no mask (most of them) take a version of the loop without the test, chosen once per tile.
+    auto probabilities = [&](auto masked) {
       CUTE_UNROLL
       for (int i = 0; i < size(tS); ++i) {
         const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
-        // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
-        const float lse = kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2];
-        const float delta = kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
         float score = tS(i);
-        float slope = 1.f;
-        if constexpr (decltype(capped)::value) {
+        [[maybe_unused]] float slope = 1.f;  // unused where dS is formed later (uncapped)
+        if constexpr (kCapped) {
           const float t = tensor_core::tanh_fast(score * cap_input_scale);
           score = p.mask.softcap * t;
           slope = 1.f - t * t;
         }
-        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse));
+        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
         if constexpr (decltype(masked)::value) {
           const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-          probability = straddles && !visible ? 0.f : probability;
+          probability = straddles && !visible ? 0.f : probability;  // capped tiles take this version unmasked too
         }
         tS(i) = probability;
-        if constexpr (kGradientA) tdP(i) = probability * (tdP(i) - delta) * slope;
+        if constexpr (kGradientA && !kDeferredScoreGradients)
+          tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
       }
     };
-    if (p.mask.softcap > 0.f) {
-      probabilities_and_score_gradients(cute::true_type{}, cute::true_type{});
+    if constexpr (kCapped) {
+      probabilities(cute::true_type{});  // one version: a second costs the capped loops registers (spills)
     } else if (straddles) {
-      probabilities_and_score_gradients(cute::false_type{}, cute::true_type{});
+      probabilities(cute::true_type{});
     } else {
-      probabilities_and_score_gradients(cute::false_type{}, cute::false_type{});
+      probabilities(cute::false_type{});
     }
+    uint64_t visible_entries = 0;
     if (ticket.masking() == TileMasking::kTokens) {
       const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
-      const uint64_t visible = visible_token_entries<kKeyMajor>(
+      visible_entries = visible_token_entries<kKeyMajor>(
           coord_rows, kKeyMajor ? key_row : query_row, resident_begin, kKeyMajor ? query_row : key_row,
           streamed_begin, p.mask);
-      hide_entries(score_rows, visible, 0.f);
-      if constexpr (kGradientA) hide_entries(score_gradient_rows, visible, 0.f);
+      hide_entries(score_rows, visible_entries, 0.f);
+      if constexpr (kGradientA && !kDeferredScoreGradients) hide_entries(score_gradient_rows, visible_entries, 0.f);
     }
     if constexpr (kGradientB) {
       convert_fragment(tS, tP);
       warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
     }
     if constexpr (kGradientA) {
+      if constexpr (kDeferredScoreGradients) {
+        warpgroup_wait<kGradientB ? 1 : 0>();  // dP has landed; dV's GEMM runs on
+        warpgroup_fence_operand(tdP);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tS); ++i) tdP(i) = tS(i) * (tdP(i) - delta_of(i, get<1>(coords(i))));
+        if (ticket.masking() == TileMasking::kTokens) hide_entries(score_gradient_rows, visible_entries, 0.f);
+      }
       convert_fragment(tdP, tdS);
+      // Fused: dS^T to shared memory now, before a wgmma reads the registers (reading them while one is in flight
+      // is undefined); made visible to the wgmma's async proxy.
+      if constexpr (kFused) {
+        // stmatrix: eight rows of 16 bytes per instruction; queries are contiguous in the buffer, as in the
+        // accumulator's rows of dS^T.
+        auto to_shared = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_scores);
+        auto thread_copy = to_shared.get_thread_slice(thread);
+        Tensor source = make_tensor(tdS.data(), tdP.layout());
+        copy(to_shared, thread_copy.retile_S(source), thread_copy.partition_D(get<5>(fused_queries)(_, _, ticket_parity)));
+        cutlass::arch::fence_view_async_shared();
+      }
+      if constexpr (kFused) {
+        // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
+        // buffer's previous contents). dQ's GEMM goes before dK's, so its block is handed over while dK's runs.
+        cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
+        warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
+                                 get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
+      }
       warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
+    }
+    if constexpr (kFused) {
+      warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
+      warpgroup_fence_operand(get<3>(fused_queries));
+      const int head_q = head * p.group + read_published(&smem.head_offsets[stage]);
+      const int64_t block = (int64_t(batch) * p.heads_q + head_q) * ((p.seqlen_q + kStreamed - 1) / kStreamed) +
+                            ticket.tile();
+      hand_over_query_gradient(get<3>(fused_queries), block * kStreamed * (kHeadDim + kSumRowPad));
+      ticket_parity ^= 1;
     }
     const int this_stage = stage;
     if (++stage == Config::kStages) {
@@ -389,6 +488,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // The loop leaves only after a full wait, but ptxas cannot tell that path from the pipelined one and would inject
   // a wait of its own (warning C7517) before the stores below; this one costs the same and says so.
   warpgroup_wait<0>();
+  if constexpr (kFused) hand_over_query_gradient(get<3>(fused_queries), -1);
   if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
   if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
 
@@ -412,7 +512,10 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
-template <BackwardRole kRole, class Config>
+// kCapped: the call has a soft cap (p.mask.softcap > 0). It is a template parameter, not a runtime test, because
+// the consumers' wait depths differ with it, and ptxas keeps the wgmma asynchronous only when every wait and every
+// GEMM issue lies on one path.
+template <BackwardRole kRole, bool kCapped, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     backward_kernel(CUTE_GRID_CONSTANT const BackwardKernelParams<Config> p) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
@@ -426,6 +529,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.empty[s], Config::kConsumerThreads);
     }
+    if constexpr (kRole == BackwardRole::kFused) {
+      cutlass::arch::ClusterBarrier::init(&smem.query_gradient_full, Config::kConsumerThreads);
+      cutlass::arch::ClusterBarrier::init(&smem.query_gradient_empty, 1);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -433,9 +540,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x / 128 == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch);
+    if constexpr (kRole == BackwardRole::kFused) {
+      if (threadIdx.x == 32) add_query_gradient_tiles(smem, p.query_gradient_sum);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume_backward<kRole, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
+    consume_backward<kRole, kCapped, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
   }
 }
 

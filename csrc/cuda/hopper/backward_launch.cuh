@@ -11,12 +11,13 @@
 #include "backward_kernel.cuh"
 #include "backward_rows.cuh"
 #include "hopper.h"
+#include "query_gradient_sum.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
 template <BackwardRole kRole, class Config>
 cudaError_t launch_backward_role(const AttentionBackwardParams& params, const float* lse_log2, const float* delta,
-                                 cudaStream_t stream) {
+                                 float* query_gradient_sum, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   const AttentionShape& s = params.shape;
@@ -50,6 +51,7 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   p.delta = delta;
   p.grad_a = kKeyMajor ? params.dk : params.dq;
   p.grad_b = kKeyMajor ? params.dv : nullptr;
+  p.query_gradient_sum = query_gradient_sum;
   p.seqlen_q = int(s.seqlen_q);
   p.seqlen_k = int(s.seqlen_k);
   p.heads_q = int(s.heads_q);
@@ -66,7 +68,8 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
                   unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  auto* kernel = &backward_kernel<kRole, Config>;
+  auto* kernel =
+      params.mask.softcap > 0.f ? &backward_kernel<kRole, true, Config> : &backward_kernel<kRole, false, Config>;
   cudaError_t status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
   if (status != cudaSuccess) return status;
@@ -87,17 +90,32 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
   static_assert(kKeyPasses == 1 || kKeyPasses == 2);
+  if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64 && KeyConfig::kHeadDim == kFusedHeadDim) {
+    if (fuses_query_gradient(s, params.deterministic)) {
+      // The workspace was sized for sum rows of sum_row_stride(head_dim) floats; this instantiation writes its own.
+      if (sum_row_stride(s.head_dim) != KeyConfig::kHeadDim + kSumRowPad) return cudaErrorInvalidValue;
+      const size_t rows_bytes = backward_rows_bytes(s);
+      float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(rows_bytes));
+      if (status == cudaSuccess) status = cudaMemsetAsync(sum, 0, query_gradient_sum_bytes(s), stream);
+      if (status == cudaSuccess)
+        status = launch_backward_role<BackwardRole::kFused, FusedBackwardConfig<KeyConfig>>(params, lse_log2, delta,
+                                                                                            sum, stream);
+      if (status == cudaSuccess)
+        status = launch_round_query_gradient<typename KeyConfig::Element>(sum, params.dq, s, params.scale, stream);
+      return status;
+    }
+  }
   if constexpr (kKeyPasses == 1) {
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kKeysAndValues, KeyConfig>(params, lse_log2, delta, stream);
+      status = launch_backward_role<BackwardRole::kKeysAndValues, KeyConfig>(params, lse_log2, delta, nullptr, stream);
   } else {
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kValues, KeyConfig>(params, lse_log2, delta, stream);
+      status = launch_backward_role<BackwardRole::kValues, KeyConfig>(params, lse_log2, delta, nullptr, stream);
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kKeys, KeyConfig>(params, lse_log2, delta, stream);
+      status = launch_backward_role<BackwardRole::kKeys, KeyConfig>(params, lse_log2, delta, nullptr, stream);
   }
   if (status == cudaSuccess)
-    status = launch_backward_role<BackwardRole::kQueries, QueryConfig>(params, lse_log2, delta, stream);
+    status = launch_backward_role<BackwardRole::kQueries, QueryConfig>(params, lse_log2, delta, nullptr, stream);
   return status;
 }
 

@@ -20,8 +20,9 @@ size_t forward_workspace_bytes();
 
 cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
-// What backward() needs in `workspace`: the padded per-row lse and delta (backward_rows.cuh).
-size_t backward_workspace_bytes(const AttentionShape& shape);
+// What backward() needs in `workspace`: the padded per-row lse and delta (backward_rows.cuh), and unless the call
+// is deterministic the float32 dQ sum of the fused backward (query_gradient_sum.cuh).
+size_t backward_workspace_bytes(const AttentionShape& shape, bool deterministic);
 
 cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 

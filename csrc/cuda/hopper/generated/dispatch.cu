@@ -8,6 +8,7 @@
 
 #include "../../device_attribute.h"
 #include "../backward_rows.cuh"
+#include "../query_gradient_sum.cuh"
 
 namespace jax_flash::cuda_kernels::hopper {
 
@@ -95,7 +96,10 @@ cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaS
   return cudaErrorNotSupported;
 }
 
-size_t backward_workspace_bytes(const AttentionShape& shape) { return backward_rows_bytes(shape); }
+size_t backward_workspace_bytes(const AttentionShape& shape, bool deterministic) {
+  const size_t rows_bytes = backward_rows_bytes(shape);
+  return rows_bytes + query_gradient_sum_workspace_bytes(shape, deterministic, rows_bytes);
+}
 
 cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const int bucket = backward_bucket(params.shape.head_dim);
