@@ -25,7 +25,7 @@
 #include "../tensor_core/ptx.cuh"
 #include "accumulator_store.cuh"
 #include "backward_config.cuh"
-#include "tile_mask.cuh"
+#include "../tile_mask.cuh"
 #include "forward_kernel.cuh"
 #include "online_softmax.cuh"
 #include "tile_tickets.cuh"

@@ -23,7 +23,7 @@
 #include "forward_config.cuh"
 #include "accumulator_store.cuh"
 #include "online_softmax.cuh"
-#include "tile_mask.cuh"
+#include "../tile_mask.cuh"
 #include "tile_tickets.cuh"
 #include "token_entries.cuh"
 #include "warpgroup_gemm.cuh"

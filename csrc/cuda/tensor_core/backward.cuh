@@ -30,6 +30,7 @@
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
+#include "../tile_mask.cuh"
 #include "token_tiles.cuh"
 #include "warp_mma.cuh"
 
@@ -178,6 +179,8 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
 
     const bool unmasked =
         kTokens ? tokens_full : tile_inside_window(mask, query0, query0 + kBlockM, key0, key0 + kBlockN);
+    // Keys past seqlen_k count as hidden here too; their rows of dk and dv are never stored.
+    const TileMask tile_mask(mask, shape.seqlen_k, query0, key0 + warp_key);
     const auto to_gradients = [&](auto capped) {
       const EntryBits<1, kMTiles> token_visible_entries = kTokens ? token_entries[threadIdx.x] : 0;
 #pragma unroll
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
           const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
           float p = exp2_fast(x.log2_value - lse_log2[at.column]);
           if (!unmasked && !(kTokens ? entry_visible<kMTiles>(token_visible_entries, 0, j, e)
-                                     : key_visible(mask, query0 + at.column, key0 + warp_key + at.row)))
+                                     : tile_mask.visible(at.column, at.row)))
             p = 0.f;
           s[0][j][e] = p;
           if (kKey) dp[0][j][e] = p * (dp[0][j][e] - row_delta[at.column]) * x.slope;
@@ -350,16 +353,8 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
       for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const AccumulatorIndex at = accumulator_index(0, j, e);
           const Logit x = logit.template with_slope<decltype(capped)::value>(s[0][j][e]);
-          float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
-          if (!unmasked) {
-            const int64_t key = key0 + at.column;
-            const int64_t row = row_begin + warp_row + at.row;
-            const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, 0, j, e)
-                                         : key < shape.seqlen_k && key_visible(mask, row, key);
-            if (!visible) p = 0.f;
-          }
+          const float p = exp2_fast(x.log2_value - lse_log2[e / 2]);
           s[0][j][e] = p * (dp[0][j][e] - row_delta[e / 2]) * x.slope;
         }
       }
@@ -368,6 +363,22 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
       to_gradients(std::true_type{});
     } else {
       to_gradients(std::false_type{});
+    }
+    // Hidden entries' dS is 0 (their p is), selected rather than multiplied since a hidden logit may overflow p. A
+    // pass of its own after the gradients: inside their loop (as the dk/dv kernel has it, where moving it out spills
+    // at head dim 128) it took this kernel from 168 to 180 registers at head dim 64, one block per SM fewer.
+    if (!unmasked) {
+      const TileMask tile_mask(mask, shape.seqlen_k, row_begin + warp_row, key0);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const AccumulatorIndex at = accumulator_index(0, j, e);
+          const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, 0, j, e)
+                                       : tile_mask.visible(at.row, at.column);
+          if (!visible) s[0][j][e] = 0.f;
+        }
+      }
     }
     uint32_t ds_operand[1][kNTiles / 2][4];
     accumulator_to_operand<Element>(s, ds_operand);

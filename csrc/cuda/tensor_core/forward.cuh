@@ -24,6 +24,7 @@
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
+#include "../tile_mask.cuh"
 #include "token_tiles.cuh"
 #include "warp_mma.cuh"
 
@@ -132,6 +133,9 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
                       tile_inside_window(mask, row_begin, row_begin + kBlockM, key0, key0 + kBlockN);
     logit.apply(s);
     if (!unmasked) {
+      // int32 compares of warp-relative coordinates (tile_mask.cuh), not the 64-bit rule per element: the
+      // masked path's index arithmetic set the kernel's register count.
+      const TileMask tile_mask(mask, shape.seqlen_k, row_begin + warp_row, key0);
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -139,10 +143,8 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const AccumulatorIndex at = accumulator_index(m, j, e);
-            const int64_t key = key0 + at.column;
-            const int64_t row = row_begin + warp_row + at.row;
             const bool visible = kTokens ? entry_visible<kNTiles>(token_visible_entries, m, j, e)
-                                         : key < shape.seqlen_k && key_visible(mask, row, key);
+                                         : tile_mask.visible(at.row, at.column);
             if (!visible) s[m][j][e] = -INFINITY;
           }
         }

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "../../attention_mask.h"
+#include "../attention_mask.h"
 
-namespace jax_flash::cuda_kernels::hopper {
+namespace jax_flash::cuda_kernels {
 
 struct TileMask {
   int key_end;                   // tile-relative keys at or past it lie beyond seqlen_k
@@ -41,4 +41,4 @@ struct TileMask {
   }
 };
 
-}  // namespace jax_flash::cuda_kernels::hopper
+}  // namespace jax_flash::cuda_kernels
