@@ -53,7 +53,7 @@ class BackwardTiles(NamedTuple):
 # fit together in setmaxnreg's 240; at 256 the key-major kernel runs once per gradient, and 32-row streamed tiles keep
 # the resident 128 rows plus two ring stages within shared memory.
 BACKWARD_TILES = {
-    64: BackwardTiles(128, 64, 128, 64, 2, 1),
+    64: BackwardTiles(128, 64, 128, 128, 2, 1),
     128: BackwardTiles(128, 64, 128, 64, 2, 1),
     256: BackwardTiles(128, 32, 128, 32, 2, 2),
 }

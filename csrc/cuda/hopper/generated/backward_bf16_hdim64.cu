@@ -7,7 +7,7 @@ template <>
 cudaError_t launch_backward<cutlass::bfloat16_t, 64>(const AttentionBackwardParams& params, void* workspace,
                                                    cudaStream_t stream) {
   using KeyConfig = BackwardConfig<cutlass::bfloat16_t, 64, 128, 64, 2>;
-  using QueryConfig = BackwardConfig<cutlass::bfloat16_t, 64, 128, 64, 2>;
+  using QueryConfig = BackwardConfig<cutlass::bfloat16_t, 64, 128, 128, 2>;
   return launch_backward_configs<KeyConfig, QueryConfig, 1>(params, workspace, stream);
 }
 
