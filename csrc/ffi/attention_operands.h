@@ -29,6 +29,21 @@ auto bind_forward_operands(Binding binding) {
       .template Attrs<AttentionAttrs>();
 }
 
+// fp8_forward(q, k, v, descale, <token-mask operands>) -> (out, lse): e4m3 q, k, v; descale float32
+// {query_scale * key_scale, value_scale}; out bfloat16.
+template <typename Binding>
+auto bind_fp8_forward_operands(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attrs<AttentionAttrs>();
+}
+
 // backward(dout, q, k, v, out, lse, <token-mask operands>) -> (dq, dk, dv)
 template <typename Binding>
 auto bind_backward_operands(Binding binding) {
@@ -56,6 +71,11 @@ struct PlatformLimits {
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                           const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
                           ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params);
+
+ffi::Error decode_fp8_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                              const ffi::AnyBuffer& v, const ffi::Buffer<ffi::F32>& descale,
+                              const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                              const AttentionAttrs& attrs, AttentionForwardParams* params);
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
