@@ -121,15 +121,12 @@ ffi::Error decode_tokens(const ffi::RemainingArgs& args, int64_t present, const 
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
-                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {
-  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+// The forward calls' token operands, lse, attributes and pointers, once shapes and dtypes are settled.
+ffi::Error decode_forward_rest(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                               const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                               const AttentionAttrs& attrs, AttentionForwardParams* params) {
   if (auto error = decode_tokens(tokens, attrs.mask_inputs, params->shape, &params->tokens); error.failure())
     return error;
-  if (auto error = check_like("out", out, q); error.failure()) return error;
   if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
   params->mask = to_mask(attrs);
   params->scale = attrs.scale;
@@ -141,29 +138,29 @@ ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q,
   return ffi::Error::Success();
 }
 
+}  // namespace
+
+ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
+                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {
+  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = check_like("out", out, q); error.failure()) return error;
+  return decode_forward_rest(q, k, v, tokens, out, lse, attrs, params);
+}
+
 ffi::Error decode_fp8_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                               const ffi::AnyBuffer& v, const ffi::Buffer<ffi::F32>& descale,
                               const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
                               const AttentionAttrs& attrs, AttentionForwardParams* params) {
   if (q.element_type() != ffi::DataType::F8E4M3FN) return invalid("FP8 attention takes float8_e4m3fn inputs");
   if (auto error = decode_qkv_shape(q, k, v, limits, &params->shape); error.failure()) return error;
-  if (auto error = decode_tokens(tokens, attrs.mask_inputs, params->shape, &params->tokens); error.failure())
-    return error;
   if (out.element_type() != ffi::DataType::BF16 || !same_dims(out.dimensions(), q.dimensions()))
     return invalid("FP8 attention's out must be bfloat16 shaped like the query, got " + dims_string(out.dimensions()));
-  if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
   if (descale.element_count() != 2)
     return invalid("FP8 attention's descale operand must hold {query_scale * key_scale, value_scale}");
   params->dtype = DType::kBFloat16;  // of the output; the inputs are e4m3
-  params->mask = to_mask(attrs);
-  params->scale = attrs.scale;
-  params->q = q.untyped_data();
-  params->k = k.untyped_data();
-  params->v = v.untyped_data();
-  params->out = out.untyped_data();
-  params->lse = lse.typed_data();
   params->descale = descale.typed_data();
-  return ffi::Error::Success();
+  return decode_forward_rest(q, k, v, tokens, out, lse, attrs, params);
 }
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,

@@ -16,32 +16,31 @@ namespace jax_flash {
 namespace ffi = ::xla::ffi;
 
 // forward(q, k, v, <token-mask operands>) -> (out, lse); the token-mask operands (TokenInput, attention_attrs.h)
-// arrive as the remaining arguments and are decoded by decode_forward.
-template <typename Binding>
+// arrive as the remaining arguments and are decoded by decode_forward. With kDescale (the FP8 forward) a float32
+// descale operand {query_scale * key_scale, value_scale} follows v: e4m3 q, k, v and a bfloat16 out.
+// (A binding cannot be held in a variable or passed on, so each form is one chain.)
+template <bool kDescale = false, typename Binding>
 auto bind_forward_operands(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .RemainingArgs()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::Buffer<ffi::F32>>()
-      .template Attrs<AttentionAttrs>();
-}
-
-// fp8_forward(q, k, v, descale, <token-mask operands>) -> (out, lse): e4m3 q, k, v; descale float32
-// {query_scale * key_scale, value_scale}; out bfloat16.
-template <typename Binding>
-auto bind_fp8_forward_operands(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .RemainingArgs()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::Buffer<ffi::F32>>()
-      .template Attrs<AttentionAttrs>();
+  if constexpr (kDescale) {
+    return std::move(binding)
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::Buffer<ffi::F32>>()
+        .RemainingArgs()
+        .template Ret<ffi::AnyBuffer>()
+        .template Ret<ffi::Buffer<ffi::F32>>()
+        .template Attrs<AttentionAttrs>();
+  } else {
+    return std::move(binding)
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .RemainingArgs()
+        .template Ret<ffi::AnyBuffer>()
+        .template Ret<ffi::Buffer<ffi::F32>>()
+        .template Attrs<AttentionAttrs>();
+  }
 }
 
 // backward(dout, q, k, v, out, lse, <token-mask operands>) -> (dq, dk, dv)

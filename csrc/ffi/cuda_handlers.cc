@@ -87,6 +87,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_backward_cuda, jax_flash::back
                                                                     .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                                                     .Ctx<xla::ffi::ScratchAllocator>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_fp8_forward_cuda, jax_flash::fp8_forward_cuda,
-                              jax_flash::bind_fp8_forward_operands(xla::ffi::Ffi::Bind()
-                                                                       .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                                                       .Ctx<xla::ffi::ScratchAllocator>()));
+                              jax_flash::bind_forward_operands<true>(xla::ffi::Ffi::Bind()
+                                                                         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                                                         .Ctx<xla::ffi::ScratchAllocator>()));
