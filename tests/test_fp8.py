@@ -38,9 +38,10 @@ def _real_values(qkv, scales):
 
 
 def _e4m3_probability_baseline(qkv, scales, mask):
-    """Attention as an FP8 kernel computes it, in float64 but for one rounding: the probabilities, relative to their
-    row's maximum and lifted by 256, rounded to e4m3 before P V (their sum stays exact). The baseline the FP8
-    kernel's error is held to, as the bfloat16 XLA path is for the kernels that dequantize."""
+    """Attention as an FP8 kernel computes it, in float64 but for two roundings: the probabilities, relative to their
+    row's maximum and lifted by 256, rounded to e4m3 before P V (their sum stays exact), and the output rounded to
+    bfloat16. The baseline the FP8 kernel's error is held to, as the bfloat16 XLA path is for the kernels that
+    dequantize."""
     q, k, v = _real_values(qkv, scales)
     _, _, probs = at.numpy_probabilities(q, k, scale=1.0 / np.sqrt(q.shape[-1]), **mask)
     row_max = probs.max(axis=-1, keepdims=True)
@@ -48,7 +49,7 @@ def _e4m3_probability_baseline(qkv, scales, mask):
     rounded = np.asarray(np.asarray(relative * 256.0, jnp.float8_e4m3fn), np.float64) / 256.0
     rounded_probs = rounded / np.maximum(relative.sum(axis=-1, keepdims=True), 1.0)
     out = np.einsum("bhgts,bshd->bthgd", rounded_probs, v, optimize=True)
-    return out.reshape(q.shape)
+    return jnp.asarray(out.reshape(q.shape), jnp.bfloat16)  # and rounded to the output's dtype, as the kernel does
 
 
 @pytest.mark.parametrize("seq_q, seq_k, heads_q, heads_kv, head_dim, mask", [
