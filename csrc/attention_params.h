@@ -70,6 +70,7 @@ struct AttentionForwardParams {
   void* out;
   float* lse;  // natural-log sum of exp over visible keys; -inf for a row that sees no key (its output is 0).
   TokenMask tokens;  // last, and defaulted, so positional initializers written before it still compile
+  const float* descale = nullptr;  // FP8 calls: {query_scale * key_scale, value_scale} on the device
 };
 
 struct AttentionBackwardParams {

@@ -29,6 +29,7 @@ NB_MODULE(_jax_flash_ext, m) {
 #ifdef JAX_FLASH_WITH_CUDA
     handlers["jax_flash_attention_fwd_cuda"] = handler_capsule(jax_flash_attention_forward_cuda);
     handlers["jax_flash_attention_bwd_cuda"] = handler_capsule(jax_flash_attention_backward_cuda);
+    handlers["jax_flash_attention_fp8_fwd_cuda"] = handler_capsule(jax_flash_attention_fp8_forward_cuda);
     handlers["jax_flash_decode_cuda"] = handler_capsule(jax_flash_decode_cuda);
     handlers["jax_flash_kv_cache_update_cuda"] = handler_capsule(jax_flash_kv_cache_update_cuda);
 #endif
@@ -39,5 +40,10 @@ NB_MODULE(_jax_flash_ext, m) {
   m.attr("hopper_kernels") = true;
 #else
   m.attr("hopper_kernels") = false;
+#endif
+#if defined(JAX_FLASH_WITH_HOPPER) && defined(JAX_FLASH_DTYPE_FP8)
+  m.attr("fp8_kernels") = true;
+#else
+  m.attr("fp8_kernels") = false;
 #endif
 }

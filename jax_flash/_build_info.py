@@ -19,6 +19,7 @@ def build_info() -> dict:
         "compiled_platforms": list(_ffi.compiled_platforms()),
         "cuda_architectures": _ffi.cuda_architectures(),
         "hopper_kernels": _ffi.hopper_kernels(),
+        "fp8_kernels": _ffi.fp8_kernels(),
         "default_device": str(jax.devices()[0]),
         "gpu": _gpu_line(),
     }

@@ -38,11 +38,17 @@ def hopper_kernels() -> bool:
     return bool(_ext.hopper_kernels)
 
 
+def fp8_kernels() -> bool:
+    """Whether this build holds the Hopper FP8 forward (sm_90a and the fp8 dtype among JAX_FLASH_DTYPES)."""
+    return bool(_ext.fp8_kernels)
+
+
 def kernel_choice() -> str:
     """JAX_FLASH_KERNELS as checked at import: "auto", or "sm80" to keep Hopper GPUs on the sm80 kernels."""
     return os.environ.get("JAX_FLASH_KERNELS", "auto")
 
 
 def target_name(op: str, platform: str) -> str:
-    """FFI target of `op` ("attention_fwd", "attention_bwd") on `platform`: jax_flash_<op>_<platform>."""
+    """FFI target of `op` ("attention_fwd", "attention_bwd", "attention_fp8_fwd") on `platform`:
+    jax_flash_<op>_<platform>."""
     return f"jax_flash_{op}_{platform}"

@@ -26,16 +26,18 @@ from jax.sharding import PartitionSpec as P
 from jax_flash._config import TOKEN_INPUTS, AttentionConfig
 
 # The layout of each operand and result, by role: "q" [batch, seq_q, heads_q, head_dim] (also out and its
-# cotangent), "kv" [batch, seq_k, heads_kv, head_dim], "lse" [batch, heads_q, seq_q]; the token-mask operands that
+# cotangent), "kv" [batch, seq_k, heads_kv, head_dim], "lse" [batch, heads_q, seq_q], "descale" the FP8 forward's
+# [2] scales (replicated); the token-mask operands that
 # follow are "len" [batch], "q_tok" [batch, seq_q] and "kv_tok" [batch, seq_k], sharded along the batch only.
 _ROLES = {
     "attention_fwd": (("q", "kv", "kv"), ("q", "lse")),
     "attention_bwd": (("q", "q", "kv", "kv", "q", "lse"), ("q", "kv", "kv")),
+    "attention_fp8_fwd": (("q", "kv", "kv", "descale"), ("q", "lse")),
 }
 _TOKEN_ROLES = {"q_lengths": "len", "kv_lengths": "len", "q_segment_ids": "q_tok", "kv_segment_ids": "kv_tok",
                 "q_positions": "q_tok", "kv_positions": "kv_tok"}
 # Which operand is the query, whose sharding the partitioner follows.
-_QUERY_OPERAND = {"attention_fwd": 0, "attention_bwd": 1}
+_QUERY_OPERAND = {"attention_fwd": 0, "attention_bwd": 1, "attention_fp8_fwd": 0}
 
 
 def lower(ctx, operands, *, op: str, target: str, config: AttentionConfig):
@@ -47,10 +49,11 @@ def lower(ctx, operands, *, op: str, target: str, config: AttentionConfig):
 
 
 def _result_shapes(op: str, operands):
-    if op == "attention_fwd":
+    if op in ("attention_fwd", "attention_fp8_fwd"):
         q = operands[0]
         batch, seq_q, heads_q, _ = q.shape
-        return (jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_dtype = jnp.bfloat16 if op == "attention_fp8_fwd" else q.dtype
+        return (jax.ShapeDtypeStruct(q.shape, out_dtype),
                 jax.ShapeDtypeStruct((batch, heads_q, seq_q), jnp.float32))
     return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands[1:4])
 
@@ -92,7 +95,7 @@ def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int, token
         partition=partition,
         infer_sharding_from_operands=infer_sharding_from_operands,
         # In order of first appearance in the rule: Shardy rejects special factors listed out of order.
-        need_replication_factors=("sq", "d", "sk"),
+        need_replication_factors=("sq", "d", "sk") + (("c",) if "descale" in _ROLES[op][0] else ()),
         **_shardy_rule(op, heads_q, heads_kv, token_inputs))
     return partitioned
 
@@ -109,8 +112,8 @@ def _shardy_rule(op: str, heads_q: int, heads_kv: int, token_inputs: tuple = ())
         heads, sizes = "hk", {}
     elif heads_kv == 1:
         heads, sizes = "h", {}
-    layout = {"q": f"b sq {heads} d", "kv": "b sk hk d", "lse": f"b {heads} sq", "len": "b", "q_tok": "b sq",
-              "kv_tok": "b sk"}
+    layout = {"q": f"b sq {heads} d", "kv": "b sk hk d", "lse": f"b {heads} sq", "descale": "c", "len": "b",
+              "q_tok": "b sq", "kv_tok": "b sk"}
     operands, results = _roles(op, token_inputs)
     rule = ", ".join(layout[r] for r in operands) + " -> " + ", ".join(layout[r] for r in results)
     return dict(sharding_rule=rule, **sizes)
@@ -142,7 +145,7 @@ def _shardings(op: str, arg_shapes, token_inputs: tuple = ()):
     batch = spec[0]
     heads, kv_heads = _head_axes(mesh, _axis_names(spec[2]), query.shape[2], heads_kv)
     specs = {"q": P(batch, None, _entry(heads), None), "kv": P(batch, None, _entry(kv_heads), None),
-             "lse": P(batch, _entry(heads), None), "len": P(batch), "q_tok": P(batch, None),
+             "lse": P(batch, _entry(heads), None), "descale": P(None), "len": P(batch), "q_tok": P(batch, None),
              "kv_tok": P(batch, None)}
     operands, results = _roles(op, token_inputs)
     return (tuple(NamedSharding(mesh, specs[r]) for r in operands),

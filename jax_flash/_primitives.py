@@ -6,6 +6,11 @@ with q/out/dout [batch, seq_q, heads_q, head_dim], k/v [batch, seq_k, heads_kv, 
 float32, and tokens the int32 token-mask operands that config.token_inputs names (lengths [batch], query segment ids
 and positions [batch, seq_q], key/value ones [batch, seq_k]).
 Autodiff lives one level up (jax_flash.attention), as a custom_vjp over these two.
+
+attention_fp8_fwd(q, k, v, descale, *tokens) -> (out, lse) is the inference-only FP8 forward: float8_e4m3fn q, k,
+v, descale float32 [2] = (query_scale * key_scale, value_scale), out bfloat16. It runs the Hopper FP8 kernel where
+that exists (an sm_90 GPU, head_dim a multiple of 16 up to 128, a build with it), and elsewhere dequantizes to
+bfloat16 and runs attention_fwd.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ attention_fwd_p = Primitive("jax_flash_attention_fwd")
 attention_fwd_p.multiple_results = True
 attention_bwd_p = Primitive("jax_flash_attention_bwd")
 attention_bwd_p.multiple_results = True
+attention_fp8_fwd_p = Primitive("jax_flash_attention_fp8_fwd")
+attention_fp8_fwd_p.multiple_results = True
 
 # What each platform's kernels accept; the lowering turns anything else into a trace-time error.
 _HEAD_DIM_MULTIPLE = {"cpu": 1, "cuda": 8}
@@ -47,8 +54,14 @@ def _bwd_abstract_eval(dout, q, k, v, out, lse, *tokens, config: AttentionConfig
     return q.update(weak_type=False), k.update(weak_type=False), v.update(weak_type=False)
 
 
+def _fp8_fwd_abstract_eval(q, k, v, descale, *tokens, config: AttentionConfig):
+    del k, v, descale, tokens, config  # validated by jax_flash.fp8 before binding
+    return q.update(dtype=jnp.bfloat16, weak_type=False), _lse_aval(q)
+
+
 attention_fwd_p.def_abstract_eval(_fwd_abstract_eval)
 attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+attention_fp8_fwd_p.def_abstract_eval(_fp8_fwd_abstract_eval)
 
 
 def _compiled_impl(primitive):
@@ -62,6 +75,7 @@ def _compiled_impl(primitive):
 
 attention_fwd_p.def_impl(_compiled_impl(attention_fwd_p))
 attention_bwd_p.def_impl(_compiled_impl(attention_bwd_p))
+attention_fp8_fwd_p.def_impl(_compiled_impl(attention_fp8_fwd_p))
 
 
 def _check_platform(platform: str, head_dim: int) -> None:
@@ -89,7 +103,43 @@ def _lowering(op: str, platform: str):
 for _platform in ("cpu", "cuda"):
     mlir.register_lowering(attention_fwd_p, _lowering("attention_fwd", _platform), platform=_platform)
     mlir.register_lowering(attention_bwd_p, _lowering("attention_bwd", _platform), platform=_platform)
-_jax_internals.require_devices_during_lowering(attention_fwd_p, attention_bwd_p)
+
+
+def _dequantized_fp8_forward(q, k, v, descale, *tokens, config: AttentionConfig):
+    """The FP8 forward on the bfloat16 kernels: the key exactly (every e4m3 value is a bfloat16 one), the query
+    times query_scale * key_scale and the value times value_scale, each rounded once to bfloat16."""
+    q = (q.astype(jnp.float32) * descale[0]).astype(jnp.bfloat16)
+    v = (v.astype(jnp.float32) * descale[1]).astype(jnp.bfloat16)
+    return attention_fwd_p.bind(q, k.astype(jnp.bfloat16), v, *tokens, config=config)
+
+
+def fp8_kernel_applies(head_dim: int) -> bool:
+    """Whether the CUDA lowering of attention_fp8_fwd runs the FP8 kernel: built with it, sm_90 GPUs only (sm_90a
+    code runs on nothing else), Hopper kernels not switched off, and a head_dim it holds."""
+    if not (_ffi.fp8_kernels() and _ffi.kernel_choice() == "auto" and head_dim % 16 == 0 and head_dim <= 128):
+        return False
+    try:
+        gpus = jax.local_devices(backend="gpu")
+    except RuntimeError:  # lowering for CUDA on a machine without one (export): the path that runs anywhere
+        return False
+    return bool(gpus) and all(getattr(d, "compute_capability", None) == "9.0" for d in gpus)
+
+
+def _fp8_lowering(platform: str):
+    kernel = _lowering("attention_fp8_fwd", platform)
+    dequantized = mlir.lower_fun(_dequantized_fp8_forward, multiple_results=True)
+
+    def rule(ctx, *operands, config: AttentionConfig):
+        if platform == "cuda" and fp8_kernel_applies(ctx.avals_in[0].shape[-1]):
+            return kernel(ctx, *operands, config=config)
+        return dequantized(ctx, *operands, config=config)
+
+    return rule
+
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(attention_fp8_fwd_p, _fp8_lowering(_platform), platform=_platform)
+_jax_internals.require_devices_during_lowering(attention_fwd_p, attention_bwd_p, attention_fp8_fwd_p)
 
 
 def _fold_vmap_axis(args, dims):
@@ -118,3 +168,25 @@ def _batch_rule(primitive):
 
 batching.primitive_batchers[attention_fwd_p] = _batch_rule(attention_fwd_p)
 batching.primitive_batchers[attention_bwd_p] = _batch_rule(attention_bwd_p)
+
+
+def _fp8_batch_rule(args, dims, *, config):
+    """vmap of attention_fp8_fwd: one call on the folded batch when the scales are shared, else one per instance."""
+    q, k, v, descale, *tokens = args
+    q_dim, k_dim, v_dim, descale_dim, *token_dims = dims
+    if descale_dim is None:
+        size, (q, k, v, *tokens) = _fold_vmap_axis([q, k, v, *tokens], [q_dim, k_dim, v_dim, *token_dims])
+        results = attention_fp8_fwd_p.bind(q, k, v, descale, *tokens, config=config)
+        return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in results], [0, 0]
+    args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    mapped = [d is not None for d in dims]
+
+    def one(instance):
+        it = iter(instance)
+        return attention_fp8_fwd_p.bind(*(next(it) if m else a for a, m in zip(args, mapped)), config=config)
+
+    results = jax.lax.map(one, [a for a, m in zip(args, mapped) if m])
+    return list(results), [0, 0]
+
+
+batching.primitive_batchers[attention_fp8_fwd_p] = _fp8_batch_rule

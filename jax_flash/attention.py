@@ -34,6 +34,17 @@ def _flash_attention_bwd(config, residuals, dout):
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
+def attention_config(query, key, *, scale, is_causal, query_seq_lengths, key_value_seq_lengths, local_window_size,
+                     softcap, segment_ids, segment_positions, deterministic=False):
+    """(AttentionConfig, token-mask operands by name) of a call with dot_product_attention's arguments, checked."""
+    scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
+    window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
+    tokens = _token_mask.token_operands(query, key, query_seq_lengths=query_seq_lengths,
+                                        key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids,
+                                        segment_positions=segment_positions)
+    return AttentionConfig(scale, window_left, window_right, softcap, tuple(tokens), deterministic), tokens
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal: bool = False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, softcap=None, segment_ids=None, segment_positions=None,
@@ -73,14 +84,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         if arg is not None:
             raise NotImplementedError(f"jax_flash.dot_product_attention does not accept {name}: {instead}")
     _validation.check_qkv(query, key, value)
-    scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
-    window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
-    tokens = _token_mask.token_operands(query, key, query_seq_lengths=query_seq_lengths,
-                                        key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids,
-                                        segment_positions=segment_positions)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
-    config = AttentionConfig(scale, window_left, window_right, softcap, tuple(tokens), deterministic)
+    config, tokens = attention_config(query, key, scale=scale, is_causal=is_causal,
+                                      query_seq_lengths=query_seq_lengths,
+                                      key_value_seq_lengths=key_value_seq_lengths,
+                                      local_window_size=local_window_size, softcap=softcap, segment_ids=segment_ids,
+                                      segment_positions=segment_positions, deterministic=deterministic)
+    scale, window_left, window_right, softcap = config.scale, config.window_left, config.window_right, config.softcap
 
     unbatched = query.ndim == 3
     if unbatched:

@@ -81,8 +81,10 @@ def _grid(name: str, on_gpu: bool) -> list[Case]:
 
 FP8 = "float8_e4m3fn"
 # _check's gates on the max abs error against the float32 reference: a bfloat16 output keeps 8 significant bits, so
-# rounding alone moves one near 2 by 8e-3. FP8 calls compute in bfloat16.
-TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3, FP8: 3e-2}
+# rounding alone moves one near 2 by 8e-3. FP8 calls on the Hopper kernel round the probabilities to e4m3 (3
+# mantissa bits): a causal row that sees a few keys moves by up to 2^-4 of its values' spread; a numpy model of the
+# kernel gave 3.3e-2 at S = 4096 causal (3.6e-3 full), hence a gate of 0.1.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3, FP8: 1e-1}
 
 
 def _random_inputs(case: Case):

@@ -4,19 +4,22 @@ inference (forward only), returning bfloat16.
 FP8 inference stores each tensor as x_fp8 = round(x / x_scale); the attention of the real values is then
 softmax(scale * (query_scale q_fp8) (key_scale k_fp8)^T) (value_scale v_fp8).
 
-How it runs today: jax_flash has no FP8 kernel yet. The inputs are dequantized by XLA -- the key exactly (every e4m3
-value is a bfloat16 value), the query times query_scale * key_scale and the value times value_scale, each rounded
-once to bfloat16 -- and attention runs on jax_flash's bfloat16 kernels. A call therefore costs a bfloat16 call plus
-the dequantization (no FP8 speed-up), and its error is that of bfloat16 attention on the dequantized values.
+How it runs: on an sm_90 GPU, at head dims that are multiples of 16 up to 128, the Hopper FP8 kernel computes
+Q K^T and P V with e4m3 tensor-core products (P rounded to e4m3 after a lift by 256, the value first transposed in a
+workspace), accumulating in float32. Elsewhere (the CPU, other GPUs and head dims, builds without it) the inputs are
+dequantized by XLA -- the key exactly (every e4m3 value is a bfloat16 value), the query times query_scale *
+key_scale and the value times value_scale, each rounded once to bfloat16 -- and jax_flash's bfloat16 kernels run.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.interpreters import ad
 
-from jax_flash import _validation
-from jax_flash.attention import dot_product_attention
+from jax_flash import _jax_internals, _validation
+from jax_flash._primitives import attention_fp8_fwd_p
+from jax_flash.attention import IMPLEMENTATIONS, attention_config, dot_product_attention
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
 
@@ -36,6 +39,10 @@ def _per_tensor_scale(name: str, x):
     return jnp.asarray(x, jnp.float32)
 
 
+FORWARD_ONLY = ("jax_flash.dot_product_attention_fp8 is forward-only (inference): it has no gradient; "
+                "differentiate jax_flash.dot_product_attention on float32, float16 or bfloat16 inputs instead")
+
+
 @jax.custom_vjp
 def _forward_only(out):
     return out
@@ -46,11 +53,18 @@ def _forward_only_fwd(out):
 
 
 def _forward_only_bwd(_, cotangent):
-    raise TypeError("jax_flash.dot_product_attention_fp8 is forward-only (inference): it has no gradient; "
-                    "differentiate jax_flash.dot_product_attention on float32, float16 or bfloat16 inputs instead")
+    raise TypeError(FORWARD_ONLY)
 
 
 _forward_only.defvjp(_forward_only_fwd, _forward_only_bwd)
+
+
+def _no_jvp(primals, tangents, *, config):
+    raise TypeError(FORWARD_ONLY)
+
+
+# The kernel path: differentiating through the primitive (any operand with a tangent, the scales included) raises.
+ad.primitive_jvps[attention_fp8_fwd_p] = _no_jvp
 
 
 def dot_product_attention_fp8(query, key, value, *, query_scale, key_scale, value_scale, scale=None,
@@ -70,18 +84,33 @@ def dot_product_attention_fp8(query, key, value, *, query_scale, key_scale, valu
     Returns:
       bfloat16 attention output shaped like query. Forward only: differentiating it raises a TypeError.
 
-    Today the inputs are dequantized to bfloat16 and jax_flash's bfloat16 kernels run (see the module docstring);
-    there is no FP8 kernel yet.
+    On sm_90 GPUs the FP8 kernel runs where it applies; elsewhere the inputs are dequantized to bfloat16 and
+    jax_flash's bfloat16 kernels run (see the module docstring).
     """
     _validation.check_qkv(query, key, value, dtypes=FP8_DTYPES)
     query_scale, key_scale, value_scale = (_per_tensor_scale(name, x) for name, x in (
         ("query_scale", query_scale), ("key_scale", key_scale), ("value_scale", value_scale)))
-    # The product of the two logit scales rides on the query, so the key needs no rounding at all.
-    q = (query.astype(jnp.float32) * (query_scale * key_scale)).astype(jnp.bfloat16)
-    k = key.astype(jnp.bfloat16)
-    v = (value.astype(jnp.float32) * value_scale).astype(jnp.bfloat16)
-    out = dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
-                                key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
-                                implementation=implementation, softcap=softcap, segment_ids=segment_ids,
-                                segment_positions=segment_positions)
-    return _forward_only(out)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation == "xla":
+        # The product of the two logit scales rides on the query, so the key needs no rounding at all.
+        q = (query.astype(jnp.float32) * (query_scale * key_scale)).astype(jnp.bfloat16)
+        v = (value.astype(jnp.float32) * value_scale).astype(jnp.bfloat16)
+        out = dot_product_attention(q, key.astype(jnp.bfloat16), v, scale=scale, is_causal=is_causal,
+                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                                    local_window_size=local_window_size, implementation="xla", softcap=softcap,
+                                    segment_ids=segment_ids, segment_positions=segment_positions)
+        return _forward_only(out)
+    config, tokens = attention_config(query, key, scale=scale, is_causal=is_causal,
+                                      query_seq_lengths=query_seq_lengths,
+                                      key_value_seq_lengths=key_value_seq_lengths,
+                                      local_window_size=local_window_size, softcap=softcap, segment_ids=segment_ids,
+                                      segment_positions=segment_positions)
+    unbatched = query.ndim == 3
+    if unbatched:
+        query, key, value = query[None], key[None], value[None]
+    descale = jnp.stack([query_scale * key_scale, value_scale])
+    query, key, value, descale, *token_arrays = _jax_internals.match_varying_axes(query, key, value, descale,
+                                                                                  *tokens.values())
+    out, _ = attention_fp8_fwd_p.bind(query, key, value, descale, *token_arrays, config=config)
+    return out[0] if unbatched else out

@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py --groups tokens,decode
 
-(--groups picks some of dense, fused, tokens and decode, run in the order named: racecheck over the whole matrix
+(--groups picks some of dense, fused, tokens, decode and fp8, run in the order named: racecheck over the whole matrix
 can outlast one device call.)
 
 Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
@@ -51,6 +51,15 @@ FUSED_CASES = [
     (2049, 2063, 2, 1, 128, True, None, None),
 ]
 
+# The FP8 forward (Hopper kernel at head dims 16..128 in 16s, with its transpose of v): odd lengths, GQA, a window,
+# lengths that leave rows empty.
+FP8_CASES = [
+    # (seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, mask arguments)
+    (113, 1000, 4, 2, 128, True, None, None),
+    (1, 77, 2, 1, 80, False, (30, 0), None),
+    (129, 257, 4, 1, 128, False, None, "lengths"),
+]
+
 TOKEN_CASES = [
     # (seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, mask arguments)
     (300, 300, 4, 2, 64, True, None, "segments"),
@@ -83,7 +92,7 @@ def token_arguments(kind: str, seq_q: int, seq_k: int) -> dict:
     return arguments
 
 
-GROUPS = ("dense", "fused", "tokens", "decode")
+GROUPS = ("dense", "fused", "tokens", "decode", "fp8")
 
 
 def main(argv=None) -> int:
@@ -95,7 +104,9 @@ def main(argv=None) -> int:
         parser.error(f"unknown groups {sorted(unknown)}; choose from {', '.join(GROUPS)}")
     failures = 0
     for group in groups:  # in the order given, so a time-limited run reaches the group named first
-        if group == "decode":
+        if group == "fp8":
+            failures += sum(not fp8_output_is_finite(case) for case in FP8_CASES)
+        elif group == "decode":
             failures += sum(not decode_reads_only_valid_entries(*case) for case in with_dtypes(DECODE_CASES))
         else:
             cases = {"dense": CASES, "fused": FUSED_CASES,
@@ -126,6 +137,21 @@ def gradients_are_finite(case, dtype) -> bool:
     value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
     finite = np.isfinite(float(value)) and all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
     print(case, jnp.dtype(dtype).name, "ok" if finite else "NOT FINITE", flush=True)
+    return finite
+
+
+def fp8_output_is_finite(case) -> bool:
+    """The FP8 forward on e4m3 inputs with scales that map standard-normal data onto e4m3's range."""
+    seq_q, seq_k, heads_q, heads_kv, head_dim, is_causal, window, tokens = case
+    mask_arguments = token_arguments(tokens, seq_q, seq_k) if tokens else {}
+    keys = jax.random.split(jax.random.key(1), 3)
+    q, k, v = (jax.random.normal(key, (2, seq, heads, head_dim)) * 100.0 for key, seq, heads in
+               zip(keys, (seq_q, seq_k, seq_k), (heads_q, heads_kv, heads_kv)))
+    out = jax.jit(lambda q, k, v: jax_flash.dot_product_attention_fp8(
+        q, k, v, query_scale=0.01, key_scale=0.01, value_scale=0.01, is_causal=is_causal, local_window_size=window,
+        **mask_arguments))(*(x.astype(jnp.float8_e4m3fn) for x in (q, k, v)))
+    finite = bool(np.all(np.isfinite(np.asarray(out, np.float32))))
+    print("fp8", case, "ok" if finite else "NOT FINITE", flush=True)
     return finite
 
 

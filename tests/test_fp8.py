@@ -12,6 +12,7 @@ import pytest
 
 import attention_testing as at
 import jax_flash
+from jax_flash._primitives import fp8_kernel_applies
 
 E4M3_MAX = 448.0
 
@@ -36,6 +37,21 @@ def _real_values(qkv, scales):
                                                                                 "value_scale"))]
 
 
+def _e4m3_probability_baseline(qkv, scales, mask):
+    """Attention as an FP8 kernel computes it, in float64 but for two roundings: the probabilities, relative to their
+    row's maximum and lifted by 256, rounded to e4m3 before P V (their sum stays exact), and the output rounded to
+    bfloat16. The baseline the FP8 kernel's error is held to, as the bfloat16 XLA path is for the kernels that
+    dequantize."""
+    q, k, v = _real_values(qkv, scales)
+    _, _, probs = at.numpy_probabilities(q, k, scale=1.0 / np.sqrt(q.shape[-1]), **mask)
+    row_max = probs.max(axis=-1, keepdims=True)
+    relative = probs / np.where(row_max > 0, row_max, 1.0)
+    rounded = np.asarray(np.asarray(relative * 256.0, jnp.float8_e4m3fn), np.float64) / 256.0
+    rounded_probs = rounded / np.maximum(relative.sum(axis=-1, keepdims=True), 1.0)
+    out = np.einsum("bhgts,bshd->bthgd", rounded_probs, v, optimize=True)
+    return jnp.asarray(out.reshape(q.shape), jnp.bfloat16)  # and rounded to the output's dtype, as the kernel does
+
+
 @pytest.mark.parametrize("seq_q, seq_k, heads_q, heads_kv, head_dim, mask", [
     (17, 113, 4, 1, 64, dict()),
     (113, 113, 4, 2, 128, dict(is_causal=True)),
@@ -43,16 +59,22 @@ def _real_values(qkv, scales):
     (113, 17, 8, 2, 96, dict(local_window_size=(9, 3))),
     (64, 64, 2, 1, 32, dict(softcap=10.0)),
     (33, 77, 2, 2, 256, dict(is_causal=True)),
+    (1000, 1000, 8, 1, 128, dict(is_causal=True)),
+    (300, 257, 4, 4, 112, dict(softcap=20.0, local_window_size=(100, 0))),
 ])
 def test_matches_the_float64_reference(platform, rng, seq_q, seq_k, heads_q, heads_kv, head_dim, mask):
     qkv, scales = _inputs(rng, platform, seq_q=seq_q, seq_k=seq_k, heads_q=heads_q, heads_kv=heads_kv,
                           head_dim=head_dim)
     attend = functools.partial(jax_flash.dot_product_attention_fp8, **scales, **mask)
-    out = at.run_flash_checked(attend, qkv, platform)
+    out = jax.jit(attend)(*qkv)
     assert out.dtype == jnp.bfloat16 and out.shape == qkv[0].shape
-    xla = jax.jit(functools.partial(attend, implementation="xla"))(*qkv)
     ref = at.numpy_attention(*_real_values(qkv, scales), **mask)
-    at.assert_rule(out, xla, ref)
+    if platform == "gpu" and fp8_kernel_applies(head_dim):
+        at.assert_lowers_to_kernels(jax.jit(attend).lower(*qkv).as_text(), platform, ops=("fp8_fwd",))
+        at.assert_rule(out, _e4m3_probability_baseline(qkv, scales, mask), ref)
+    else:
+        at.run_flash_checked(attend, qkv, platform)
+        at.assert_rule(out, jax.jit(functools.partial(attend, implementation="xla"))(*qkv), ref)
 
 
 def test_scales_may_be_traced(platform, rng):
@@ -76,6 +98,22 @@ def test_vmap_matches_a_loop_and_masked_rows_are_zero(platform, rng):
     looped = np.stack([np.asarray(jax.jit(one)(*(x[b] for x in qkv), lengths[b]), np.float32) for b in range(3)])
     np.testing.assert_array_equal(mapped, looped)
     assert np.all(mapped[1, 11:] == 0) and np.all(mapped[2] == 0) and np.all(np.isfinite(mapped))
+
+
+def test_vmap_over_scales_matches_a_loop(platform, rng):
+    """Scales that differ per vmapped instance: the batching rule runs one call per instance."""
+    qkv, scales = _inputs(rng, platform, seq_q=20, seq_k=33, heads_q=4, heads_kv=2, head_dim=64, batch=3)
+    value_scales = jnp.asarray([1.0, 0.5, 2.0], jnp.float32) * scales["value_scale"]
+
+    def one(q, k, v, value_scale):
+        return jax_flash.dot_product_attention_fp8(q, k, v, query_scale=scales["query_scale"],
+                                                   key_scale=scales["key_scale"], value_scale=value_scale,
+                                                   is_causal=True)
+
+    mapped = np.asarray(jax.jit(jax.vmap(one))(*qkv, value_scales), np.float32)
+    looped = np.stack([np.asarray(jax.jit(one)(*(x[b] for x in qkv), value_scales[b]), np.float32)
+                       for b in range(3)])
+    np.testing.assert_array_equal(mapped, looped)
 
 
 def test_has_no_gradient(platform, rng):

@@ -22,6 +22,8 @@ def test_build_info_describes_this_build():
     assert bool(info["cuda_architectures"]) == has_cuda
     # The sm_90a kernels are built exactly when the architectures include sm_90a.
     assert info["hopper_kernels"] == ("90a" in info["cuda_architectures"])
+    # The FP8 forward is a Hopper kernel (built by default, unless JAX_FLASH_DTYPES leaves fp8 out).
+    assert info["hopper_kernels"] or not info["fp8_kernels"]
     if jax.default_backend() != "gpu":
         expected = "none visible to jax" if has_cuda else "none: CPU-only build"
         assert info["gpu"].startswith(expected)

@@ -20,4 +20,10 @@ cudaError_t launch_attention_forward(const AttentionForwardParams& params, void*
 
 cudaError_t launch_attention_backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);
 
+// The FP8 forward: e4m3 q, k, v with params.descale, bfloat16 out. Only the Hopper kernel exists: anything else
+// (another GPU, head_dim above 128 or not a multiple of 16, a build without sm_90a or without fp8) answers
+// cudaErrorNotSupported, which Python rules out before lowering.
+size_t attention_forward_fp8_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens);
+cudaError_t launch_attention_forward_fp8(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
+
 }  // namespace jax_flash

@@ -1,6 +1,6 @@
 // The launch interface of attention_cuda.h: rejects calls no kernel supports, then routes the rest by dtype:
 // fp16 and bf16 run on the Hopper kernels on sm_90 where compiled, else on the sm80 tensor-core kernels; float32 on
-// the simple CUDA-core kernels.
+// the simple CUDA-core kernels; FP8 (e4m3) only on the Hopper forward.
 #include "attention_cuda.h"
 
 #include <cstdint>
@@ -82,6 +82,33 @@ cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* w
   }
 #endif
   return cuda_kernels::tensor_core::forward(params, stream);
+}
+
+size_t attention_forward_fp8_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens) {
+#if defined(JAX_FLASH_WITH_HOPPER)
+  return workspace_bytes(cuda_kernels::hopper::forward_fp8_workspace_bytes(shape), shape, tokens);
+#else
+  return 0;
+#endif
+}
+
+cudaError_t launch_attention_forward_fp8(const AttentionForwardParams& call, void* workspace, cudaStream_t stream) {
+  const bool aligned = aligned_16(call.q) && aligned_16(call.k) && aligned_16(call.v);
+  if (!supported(call.shape) || !aligned) return cudaErrorInvalidValue;
+#if defined(JAX_FLASH_WITH_HOPPER)
+  if (!cuda_kernels::hopper_kernels_allowed() || !cuda_kernels::hopper::device_supported() ||
+      !cuda_kernels::hopper::forward_fp8_supported(call.shape))
+    return cudaErrorNotSupported;
+  AttentionForwardParams params = call;
+  void* chunks =
+      static_cast<char*>(workspace) + chunks_offset(cuda_kernels::hopper::forward_fp8_workspace_bytes(call.shape));
+  if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, chunks, stream);
+      status != cudaSuccess)
+    return status;
+  return cuda_kernels::hopper::forward_fp8(params, workspace, stream);
+#else
+  return cudaErrorNotSupported;
+#endif
 }
 
 cudaError_t launch_attention_backward(const AttentionBackwardParams& call, void* workspace, cudaStream_t stream) {

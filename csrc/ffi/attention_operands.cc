@@ -34,21 +34,15 @@ ffi::Error check_like(const char* name, const ffi::AnyBuffer& buffer, const ffi:
   return ffi::Error::Success();
 }
 
-// Validates q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] and fills shape and dtype.
-ffi::Error decode_qkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-                      const PlatformLimits& limits, AttentionShape* shape, DType* dtype) {
+// Validates the shapes of q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (v like k, k of q's dtype) and fills shape.
+ffi::Error decode_qkv_shape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const PlatformLimits& limits, AttentionShape* shape) {
   auto qd = q.dimensions(), kd = k.dimensions();
   if (qd.size() != 4 || kd.size() != 4)
     return invalid("query and key must be rank 4 [batch, seq, heads, head_dim], got " + dims_string(qd) + " and " +
                    dims_string(kd));
   if (auto error = check_like("value", v, k); error.failure()) return error;
   if (k.element_type() != q.element_type()) return invalid("query and key must have the same dtype");
-  switch (q.element_type()) {
-    case ffi::DataType::F32: *dtype = DType::kFloat32; break;
-    case ffi::DataType::F16: *dtype = DType::kFloat16; break;
-    case ffi::DataType::BF16: *dtype = DType::kBFloat16; break;
-    default: return invalid("dtype must be float32, float16 or bfloat16");
-  }
   *shape = AttentionShape{qd[0], qd[1], kd[1], qd[2], kd[2], qd[3]};
   if (kd[0] != qd[0]) return invalid("query and key batch sizes differ: " + dims_string(qd) + " vs " + dims_string(kd));
   if (kd[3] != qd[3]) return invalid("query and key head_dim differ: " + dims_string(qd) + " vs " + dims_string(kd));
@@ -61,6 +55,18 @@ ffi::Error decode_qkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ff
                    std::to_string(limits.max_head_dim) + ", a multiple of " +
                    std::to_string(limits.head_dim_multiple) + ")");
   return ffi::Error::Success();
+}
+
+// decode_qkv_shape, and the dtype of the 16- and 32-bit calls.
+ffi::Error decode_qkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                      const PlatformLimits& limits, AttentionShape* shape, DType* dtype) {
+  switch (q.element_type()) {
+    case ffi::DataType::F32: *dtype = DType::kFloat32; break;
+    case ffi::DataType::F16: *dtype = DType::kFloat16; break;
+    case ffi::DataType::BF16: *dtype = DType::kBFloat16; break;
+    default: return invalid("dtype must be float32, float16 or bfloat16");
+  }
+  return decode_qkv_shape(q, k, v, limits, shape);
 }
 
 // lse is [B, Hq, Sq].
@@ -115,15 +121,12 @@ ffi::Error decode_tokens(const ffi::RemainingArgs& args, int64_t present, const 
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
-                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {
-  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+// The forward calls' token operands, lse, attributes and pointers, once shapes and dtypes are settled.
+ffi::Error decode_forward_rest(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                               const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                               const AttentionAttrs& attrs, AttentionForwardParams* params) {
   if (auto error = decode_tokens(tokens, attrs.mask_inputs, params->shape, &params->tokens); error.failure())
     return error;
-  if (auto error = check_like("out", out, q); error.failure()) return error;
   if (auto error = check_lse(lse.dimensions(), params->shape); error.failure()) return error;
   params->mask = to_mask(attrs);
   params->scale = attrs.scale;
@@ -133,6 +136,31 @@ ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q,
   params->out = out.untyped_data();
   params->lse = lse.typed_data();
   return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                          const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
+                          ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params) {
+  if (auto error = decode_qkv(q, k, v, limits, &params->shape, &params->dtype); error.failure()) return error;
+  if (auto error = check_like("out", out, q); error.failure()) return error;
+  return decode_forward_rest(q, k, v, tokens, out, lse, attrs, params);
+}
+
+ffi::Error decode_fp8_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                              const ffi::AnyBuffer& v, const ffi::Buffer<ffi::F32>& descale,
+                              const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                              const AttentionAttrs& attrs, AttentionForwardParams* params) {
+  if (q.element_type() != ffi::DataType::F8E4M3FN) return invalid("FP8 attention takes float8_e4m3fn inputs");
+  if (auto error = decode_qkv_shape(q, k, v, limits, &params->shape); error.failure()) return error;
+  if (out.element_type() != ffi::DataType::BF16 || !same_dims(out.dimensions(), q.dimensions()))
+    return invalid("FP8 attention's out must be bfloat16 shaped like the query, got " + dims_string(out.dimensions()));
+  if (descale.element_count() != 2)
+    return invalid("FP8 attention's descale operand must hold {query_scale * key_scale, value_scale}");
+  params->dtype = DType::kBFloat16;  // of the output; the inputs are e4m3
+  params->descale = descale.typed_data();
+  return decode_forward_rest(q, k, v, tokens, out, lse, attrs, params);
 }
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,

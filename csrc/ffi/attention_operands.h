@@ -16,17 +16,31 @@ namespace jax_flash {
 namespace ffi = ::xla::ffi;
 
 // forward(q, k, v, <token-mask operands>) -> (out, lse); the token-mask operands (TokenInput, attention_attrs.h)
-// arrive as the remaining arguments and are decoded by decode_forward.
-template <typename Binding>
+// arrive as the remaining arguments and are decoded by decode_forward. With kDescale (the FP8 forward) a float32
+// descale operand {query_scale * key_scale, value_scale} follows v: e4m3 q, k, v and a bfloat16 out.
+// (A binding cannot be held in a variable or passed on, so each form is one chain.)
+template <bool kDescale = false, typename Binding>
 auto bind_forward_operands(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .RemainingArgs()
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::Buffer<ffi::F32>>()
-      .template Attrs<AttentionAttrs>();
+  if constexpr (kDescale) {
+    return std::move(binding)
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::Buffer<ffi::F32>>()
+        .RemainingArgs()
+        .template Ret<ffi::AnyBuffer>()
+        .template Ret<ffi::Buffer<ffi::F32>>()
+        .template Attrs<AttentionAttrs>();
+  } else {
+    return std::move(binding)
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .template Arg<ffi::AnyBuffer>()
+        .RemainingArgs()
+        .template Ret<ffi::AnyBuffer>()
+        .template Ret<ffi::Buffer<ffi::F32>>()
+        .template Attrs<AttentionAttrs>();
+  }
 }
 
 // backward(dout, q, k, v, out, lse, <token-mask operands>) -> (dq, dk, dv)
@@ -56,6 +70,11 @@ struct PlatformLimits {
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                           const ffi::AnyBuffer& v, const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out,
                           ffi::Buffer<ffi::F32>& lse, const AttentionAttrs& attrs, AttentionForwardParams* params);
+
+ffi::Error decode_fp8_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                              const ffi::AnyBuffer& v, const ffi::Buffer<ffi::F32>& descale,
+                              const ffi::RemainingArgs& tokens, ffi::AnyBuffer& out, ffi::Buffer<ffi::F32>& lse,
+                              const AttentionAttrs& attrs, AttentionForwardParams* params);
 
 ffi::Error decode_backward(const PlatformLimits& limits, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,

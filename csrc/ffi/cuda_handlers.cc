@@ -37,6 +37,27 @@ ffi::Error forward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   return launch_status("attention forward launch", launch_attention_forward(params, workspace, stream));
 }
 
+ffi::Error fp8_forward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                            ffi::AnyBuffer v, ffi::Buffer<ffi::F32> descale, ffi::RemainingArgs tokens,
+                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                            AttentionAttrs attrs) {
+  AttentionForwardParams params{};
+  if (auto error = decode_fp8_forward(kCudaLimits, q, k, v, descale, tokens, *out, *lse, attrs, &params);
+      error.failure())
+    return error;
+  void* workspace;
+  if (auto error = allocate_scratch(scratch, attention_forward_fp8_workspace_bytes(params.shape, params.tokens),
+                                    "FP8 forward workspace", &workspace);
+      error.failure())
+    return error;
+  const cudaError_t status = launch_attention_forward_fp8(params, workspace, stream);
+  if (status == cudaErrorNotSupported)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "jax_flash: the FP8 forward runs only on sm_90 GPUs with head_dim a multiple of 16 up to 128, "
+                      "in builds with sm_90a and fp8 kernels");
+  return launch_status("FP8 attention forward launch", status);
+}
+
 ffi::Error backward_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer dout, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse,
                          ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
@@ -65,3 +86,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_backward_cuda, jax_flash::back
                               jax_flash::bind_backward_operands(xla::ffi::Ffi::Bind()
                                                                     .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                                                     .Ctx<xla::ffi::ScratchAllocator>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_attention_fp8_forward_cuda, jax_flash::fp8_forward_cuda,
+                              jax_flash::bind_forward_operands<true>(xla::ffi::Ffi::Bind()
+                                                                         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                                                         .Ctx<xla::ffi::ScratchAllocator>()));

@@ -11,6 +11,7 @@ XLA_FFI_Error* jax_flash_kv_cache_update_cpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_FLASH_WITH_CUDA
 XLA_FFI_Error* jax_flash_attention_forward_cuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jax_flash_attention_backward_cuda(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* jax_flash_attention_fp8_forward_cuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jax_flash_decode_cuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jax_flash_kv_cache_update_cuda(XLA_FFI_CallFrame* call_frame);
 #endif

@@ -26,9 +26,26 @@ inline constexpr int kForwardProducerRegisters = kConsumerWarpgroups != 2 ? 32 :
 template <int kProducerRegisters>
 inline constexpr int kForwardWalkChunks = kProducerRegisters >= 56 ? 4 : 1;
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+// The shared value tiles seen as the B operand of P V, (head_dim, keys, stages): 16-bit tiles are stored (keys,
+// head_dim) and read N-major; FP8 ones are stored transposed already.
+template <bool kTransposed, class SmemLayoutV, int kBlockN, int kHeadDim, int kStages>
+constexpr auto value_operand_layout() {
+  if constexpr (kTransposed) {
+    return SmemLayoutV{};
+  } else {
+    return TransposedTiles<SmemLayoutV, kBlockN, kHeadDim, kStages>{};
+  }
+}
+
+// Element is the type of q, k and v; Output that of the output (the same, but bfloat16 for e4m3 inputs).
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Output_ = Element_>
 struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>> {
   using Element = Element_;
+  using Output = Output_;
+  // 8-bit wgmma reads both operands from shared memory K-major only, so P V needs v with its keys contiguous: FP8
+  // calls take v transposed (and its keys permuted, fp8_operand.cuh) in a workspace, [batch, heads_kv, head_dim,
+  // keys rounded up to 32].
+  static constexpr bool kFp8 = sizeof(Element) == 1;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -42,8 +59,10 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
 
   using SmemLayoutQ = decltype(take<0, 2>(SwizzledTiles<Element, kBlockM, kHeadDim, 1>{}));
   using SmemLayoutK = SwizzledTiles<Element, kBlockN, kHeadDim, kStages>;
-  using SmemLayoutV = SmemLayoutK;
-  using SmemLayoutVt = TransposedTiles<SmemLayoutV, kBlockN, kHeadDim, kStages>;  // for P @ V
+  using SmemLayoutV = conditional_t<kFp8, SwizzledTiles<Element, kHeadDim, kBlockN, kStages>, SmemLayoutK>;
+  // For P @ V: (head_dim, keys, stages) as the B operand, N-major for 16-bit v, K-major for the transposed FP8 one.
+  using SmemLayoutVt = decltype(value_operand_layout<kFp8, SmemLayoutV, kBlockN, kHeadDim, kStages>());
+  static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
 
   // S = Q K^T with both operands in shared memory; O += P V with P from registers (the softmax output).
   using WarpgroupLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
@@ -52,11 +71,12 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
       WarpgroupLayout{}));
   using MmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
+                           GMMA::Major::K, kMajorV>(),
       WarpgroupLayout{}));
 
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, SmemLayoutQ{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, take<0, 2>(SmemLayoutK{})));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GlobalTensor<Element>{}, take<0, 2>(SmemLayoutV{})));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -65,21 +85,21 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   // shared memory and one of its threads stores them with the TMA, which clips rows past seqlen_q and columns past
   // head_dim; the warpgroup goes on to its next work tile while the store drains. Otherwise the consumers store
   // their registers directly (accumulator_store.cuh).
-  static constexpr uint32_t kOutputBytes = kConsumerWarpgroups * 64 * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kOutputBytes = kConsumerWarpgroups * 64 * kHeadDim * sizeof(Output);
   // 4096: room for the barriers, tickets and staged key tokens beside the tiles.
   static constexpr bool kStagedOutput = kQBytes + 2 * kStages * kKVBytes + kOutputBytes + 4096 <= 227 * 1024;
-  using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Element, 64, kHeadDim, 1>{}));
+  using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Output, 64, kHeadDim, 1>{}));
   // One warpgroup's share of the P V product: the layout its accumulator fragment has, for the shared-memory copy.
   using MmaPVWarpgroup = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>()));
-  using TmaOutput = decltype(make_tma_copy(SM90_TMA_STORE{}, GlobalTensor<Element>{}, SmemLayoutOutput{}));
+                           kMajorV>()));
+  using TmaOutput = decltype(make_tma_copy(SM90_TMA_STORE{}, GlobalTensor<Output>{}, SmemLayoutOutput{}));
 
   struct SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    alignas(1024) array_aligned<Element, kStagedOutput ? kConsumerWarpgroups * cosize_v<SmemLayoutOutput> : 1, 1024>
+    alignas(1024) array_aligned<Output, kStagedOutput ? kConsumerWarpgroups * cosize_v<SmemLayoutOutput> : 1, 1024>
         output;
     uint64_t q_full;
     uint64_t q_empty;

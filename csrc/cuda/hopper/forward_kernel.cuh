@@ -22,6 +22,7 @@
 #include "../tensor_core/ptx.cuh"
 #include "forward_config.cuh"
 #include "accumulator_store.cuh"
+#include "fp8_operand.cuh"
 #include "online_softmax.cuh"
 #include "../tile_mask.cuh"
 #include "tile_tickets.cuh"
@@ -35,10 +36,12 @@ template <class Config>
 struct ForwardKernelParams {
   typename Config::TmaQ tma_q;
   typename Config::TmaKV tma_k;
-  typename Config::TmaKV tma_v;
+  typename Config::TmaV tma_v;
   typename Config::TmaOutput tma_output;  // when Config::kStagedOutput
   GlobalShape shape_q;  // (seqlen_q, head_dim, heads_q, batch)
   GlobalShape shape_kv;
+  GlobalShape shape_vt;  // FP8: (head_dim, padded keys, heads_kv, batch) of the transposed v
+  const float* descale;  // FP8: {query_scale * key_scale, value_scale}, on the device (the scales may be traced)
   void* out;  // [batch, seqlen_q, heads_q, head_dim]
   float* lse;  // [batch, heads_q, seqlen_q]
   int seqlen_q, seqlen_k, heads_q, group, head_dim;
@@ -121,8 +124,16 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
   const int head_kv = work.head / p.group;
   Tensor gK = local_tile(p.tma_k.get_tma_tensor(p.shape_kv)(_, _, head_kv, work.batch),
                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, head_kv, work.batch),
-                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  auto value_tiles = [&]() {
+    if constexpr (Config::kFp8) {
+      return local_tile(p.tma_v.get_tma_tensor(p.shape_vt)(_, _, head_kv, work.batch),
+                        Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));
+    } else {
+      return local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, head_kv, work.batch),
+                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    }
+  };
+  Tensor gV = value_tiles();
   auto q_copy = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
   auto k_copy = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
   auto v_copy = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -239,14 +250,14 @@ struct RingCursor {
 // ring.
 template <class Config>
 __device__ void write_empty_rows(const ForwardKernelParams<Config>& p, const WorkTile& work, int thread) {
-  using Element = typename Config::Element;
+  using Output = typename Config::Output;
   const int row_begin = work.m_block * Config::kBlockM;
   const int rows = min(Config::kBlockM, p.seqlen_q - row_begin);
-  auto* out = static_cast<Element*>(p.out);
+  auto* out = static_cast<Output*>(p.out);
   for (int i = thread; i < rows * p.head_dim; i += Config::kConsumerThreads) {
     const int row = row_begin + i / p.head_dim;
     out[((int64_t(work.batch) * p.seqlen_q + row) * p.heads_q + work.head) * p.head_dim + i % p.head_dim] =
-        Element(0.f);
+        Output(0.f);
   }
   for (int i = thread; i < rows; i += Config::kConsumerThreads) {
     p.lse[(int64_t(work.batch) * p.heads_q + work.head) * p.seqlen_q + row_begin + i] = -INFINITY;
@@ -261,17 +272,17 @@ constexpr int kOutputBarrier = 2;
 template <class Config, class Accumulator>
 __device__ void store_output_rows(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                                   Accumulator const& output, const WorkTile& work, int thread) {
-  using Element = typename Config::Element;
+  using Output = typename Config::Output;
   const int warpgroup = thread / 128, warpgroup_thread = thread % 128;
   // The stmatrix copy is laid out for one warpgroup's product; a thread's share of the CTA's is the same fragment.
   static_assert(is_same_v<decltype(output.layout()),
                           decltype(partition_fragment_C(typename Config::MmaPVWarpgroup{},
                                                         Shape<_64, Int<Config::kHeadDim>>{}).layout())>);
-  Tensor rounded = make_tensor<Element>(output.layout());
+  Tensor rounded = make_tensor<Output>(output.layout());
   convert_fragment(output, rounded);
   using OutputLayout = typename Config::SmemLayoutOutput;
   Tensor sO = make_tensor(make_smem_ptr(smem.output.data() + warpgroup * cosize_v<OutputLayout>), OutputLayout{});
-  auto to_shared = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Config::MmaPVWarpgroup{});
+  auto to_shared = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Output>{}, typename Config::MmaPVWarpgroup{});
   auto thread_copy = to_shared.get_thread_slice(warpgroup_thread);
   if (warpgroup_thread == 0) tma_store_wait<0>();
   cutlass::arch::NamedBarrier::sync(128, kOutputBarrier + warpgroup);
@@ -311,7 +322,14 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-  Tensor tOrP = make_tensor<Element>(accumulator_as_operand_a(tSrS.layout()));
+  auto operand_layout = [&]() {
+    if constexpr (Config::kFp8) {
+      return fp8_operand_a(tSrS.layout());
+    } else {
+      return accumulator_as_operand_a(tSrS.layout());
+    }
+  };
+  Tensor tOrP = make_tensor<Element>(operand_layout());
   Tensor scores = make_tensor(tSrS.data(), accumulator_rows(tSrS.layout()));
   Tensor out_rows = make_tensor(tOrO.data(), accumulator_rows(tOrO.layout()));
   Tensor score_coords = thread_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -319,12 +337,18 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   constexpr int kRows = decltype(size<0>(scores))::value;
 
   const int row_begin = work.m_block * kBlockM;
+  // FP8: the logits carry the query and key scales, and P is lifted by kFp8PScale into e4m3's range; the output
+  // takes the value scale and drops that factor again.
+  constexpr float kFp8PScale = 256.f;
+  const float qk_descale = Config::kFp8 ? p.descale[0] : 1.f;
+  const float score_scale = p.scale * qk_descale;
+  const float output_scale = Config::kFp8 ? p.descale[1] / kFp8PScale : 1.f;
 
   // Raw scores of the ticket's key tile (in ring stage `stage`), soft-capped, with invisible keys at -inf where the
   // ticket asks for a mask. The stage is released after this: a partial tile's key tokens are staged beside K.
   auto prepare_scores = [&](TileTicket ticket, int stage) {
     if (p.mask.softcap > 0.f) {
-      const float inverse_cap = p.scale / p.mask.softcap;
+      const float inverse_cap = score_scale / p.mask.softcap;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         tSrS(i) = p.mask.softcap * tensor_core::tanh_fast(tSrS(i) * inverse_cap);
@@ -357,9 +381,15 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
       hide_entries(scores, visible, -INFINITY);
     }
   };
-  auto to_operand = [&]() { convert_fragment(tSrS, tOrP); };
+  auto to_operand = [&]() {
+    if constexpr (Config::kFp8) {
+      convert_to_fp8_operand(tSrS, tOrP, kFp8PScale);
+    } else {
+      convert_fragment(tSrS, tOrP);
+    }
+  };
 
-  OnlineSoftmax<kRows> softmax(p.scale_log2);
+  OnlineSoftmax<kRows> softmax(p.mask.softcap > 0.f ? p.scale_log2 : p.scale_log2 * qk_descale);
   float rescale[kRows];
   clear(tOrO);
 
@@ -422,18 +452,18 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(out_rows); ++c) out_rows(r, c) *= inverse_sum[r];
+      for (int c = 0; c < size<1>(out_rows); ++c) out_rows(r, c) *= inverse_sum[r] * output_scale;
     }
     store_output_rows(p, smem, tOrO, work, thread);
   } else {
-    auto* out = static_cast<Element*>(p.out);
-    store_accumulator<Element>(
+    auto* out = static_cast<typename Config::Output*>(p.out);
+    store_accumulator<typename Config::Output>(
         tOrO, thread_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})),
         p.seqlen_q - row_begin, p.head_dim,
         [&](int row) {
           return out + ((int64_t(batch) * p.seqlen_q + row_begin + row) * p.heads_q + head) * p.head_dim;
         },
-        [&](int r) { return inverse_sum[r]; });
+        [&](int r) { return inverse_sum[r] * output_scale; });
   }
   if (thread % 4 == 0) {  // the quad's first thread writes its rows' lse
     CUTE_UNROLL

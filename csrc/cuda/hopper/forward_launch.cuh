@@ -10,6 +10,7 @@
 #include "../../attention_params.h"
 #include "../device_attribute.h"
 #include "forward_kernel.cuh"
+#include "fp8_value_transpose.cuh"
 #include "hopper.h"
 
 namespace jax_flash::cuda_kernels::hopper {
@@ -29,10 +30,24 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, void* wo
                           typename Config::SmemLayoutQ{});
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.k, p.shape_kv),
                           take<0, 2>(typename Config::SmemLayoutK{}));
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.v, p.shape_kv),
-                          take<0, 2>(typename Config::SmemLayoutV{}));
+  if constexpr (Config::kFp8) {
+    // v goes transposed into the workspace, past the work counter (fp8_value_transpose.cuh).
+    void* vt = static_cast<char*>(workspace) + kFp8ValueOffset;
+    if (cudaError_t status = launch_transpose_value_fp8<Config::kHeadDim>(params.v, vt, s.batch, s.seqlen_k,
+                                                                          s.heads_kv, s.head_dim, stream);
+        status != cudaSuccess)
+      return status;
+    p.shape_vt = GlobalShape(int32_t(s.head_dim), int32_t(fp8_padded_keys(s.seqlen_k)), int32_t(s.heads_kv),
+                             int32_t(s.batch));
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global_transposed_tensor<Element>(vt, p.shape_vt),
+                            take<0, 2>(typename Config::SmemLayoutV{}));
+    p.descale = params.descale;
+  } else {
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, global_tensor<Element>(params.v, p.shape_kv),
+                            take<0, 2>(typename Config::SmemLayoutV{}));
+  }
   if constexpr (Config::kStagedOutput) {
-    p.tma_output = make_tma_copy(SM90_TMA_STORE{}, global_tensor<Element>(params.out, p.shape_q),
+    p.tma_output = make_tma_copy(SM90_TMA_STORE{}, global_tensor<typename Config::Output>(params.out, p.shape_q),
                                  typename Config::SmemLayoutOutput{});
   }
   p.out = params.out;

@@ -5,7 +5,8 @@
     python csrc/cuda/hopper/generate_instantiations.py --check  # exit 1 if generated/ is stale
     python csrc/cuda/hopper/generate_instantiations.py --list   # the instantiation files, for CMake
 
-FORWARD_TILES and BACKWARD_TILES are the single source of which head dims have a Hopper kernel and with which tiles.
+FORWARD_TILES, FP8_FORWARD_TILES and BACKWARD_TILES are the single source of which head dims have a Hopper kernel
+and with which tiles.
 CMake defines JAX_FLASH_HEAD_DIM_<d> / JAX_FLASH_DTYPE_<name> for what it compiles; the dispatch runs a call on the
 smallest compiled bucket that holds its head_dim and answers cudaErrorNotSupported otherwise (the caller then uses the sm80
 kernels), never a silent default.
@@ -36,6 +37,13 @@ FORWARD_TILES = {
     64: ForwardTiles(128, 128, 2),
     128: ForwardTiles(128, 128, 2),
     256: ForwardTiles(128, 64, 2),
+}
+
+# The FP8 forward (e4m3 in, bfloat16 out). An e4m3 row of 128 elements is one 128-byte swizzle atom, the smallest
+# the transposed v tile (head_dim rows of 128 keys) and q, k at head_dim 128 can use; at 256 the output and score
+# accumulators would not fit the consumers' registers beside the P operand.
+FP8_FORWARD_TILES = {
+    128: ForwardTiles(128, 128, 2),
 }
 
 
@@ -73,6 +81,23 @@ cudaError_t launch_forward<{element}, {head_dim}>(const AttentionForwardParams& 
                                                   cudaStream_t stream) {{
   return launch_forward_config<ForwardConfig<{element}, {head_dim}, {tiles.block_m}, {tiles.block_n}, {tiles.stages}>>(
       params, workspace, stream);
+}}
+
+}}  // namespace jax_flash::cuda_kernels::hopper
+"""
+
+
+def fp8_forward_file(head_dim: int) -> str:
+    tiles = FP8_FORWARD_TILES[head_dim]
+    return f"""{HEADER}#include "../forward_launch.cuh"
+
+namespace jax_flash::cuda_kernels::hopper {{
+
+template <>
+cudaError_t launch_forward_fp8<{head_dim}>(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {{
+  using Config = ForwardConfig<cutlass::float_e4m3_t, {head_dim}, {tiles.block_m}, {tiles.block_n}, {tiles.stages},
+                               cutlass::bfloat16_t>;
+  return launch_forward_config<Config>(params, workspace, stream);
 }}
 
 }}  // namespace jax_flash::cuda_kernels::hopper
@@ -124,6 +149,9 @@ def bucket_function(name: str, tiles: dict) -> str:
 def dispatch_file() -> str:
     forward_cases = switch(FORWARD_TILES, "launch_forward<{element}, {head_dim}>(params, workspace, stream)")
     backward_cases = switch(BACKWARD_TILES, "launch_backward<{element}, {head_dim}>(params, workspace, stream)")
+    fp8_cases = "\n".join(
+        f"#if defined(JAX_FLASH_HEAD_DIM_{d})\n    case {d}:\n"
+        f"      return launch_forward_fp8<{d}>(params, workspace, stream);\n#endif" for d in FP8_FORWARD_TILES)
     return f"""{HEADER}// Only the launchers' declarations are seen here: every call below links to an instantiation file.
 #include "../hopper.h"
 
@@ -144,6 +172,8 @@ namespace {{
 
 {bucket_function("backward_bucket", BACKWARD_TILES)}
 
+{bucket_function("fp8_forward_bucket", FP8_FORWARD_TILES)}
+
 }}  // namespace
 
 bool device_supported() {{
@@ -161,6 +191,31 @@ cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaS
     default:
       break;
   }}
+  return cudaErrorNotSupported;
+}}
+
+bool forward_fp8_supported(const AttentionShape& shape) {{
+#if defined(JAX_FLASH_DTYPE_FP8)
+  // head_dim in 16s: the TMA needs 16-byte strides between e4m3 rows.
+  return fp8_forward_bucket(shape.head_dim) != 0 && shape.head_dim % 16 == 0;
+#else
+  return false;
+#endif
+}}
+
+size_t forward_fp8_workspace_bytes(const AttentionShape& shape) {{
+  return kFp8ValueOffset + size_t(shape.batch * shape.heads_kv * shape.head_dim * fp8_padded_keys(shape.seqlen_k));
+}}
+
+cudaError_t forward_fp8(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {{
+#if defined(JAX_FLASH_DTYPE_FP8)
+  if (!forward_fp8_supported(params.shape)) return cudaErrorNotSupported;
+  switch (fp8_forward_bucket(params.shape.head_dim)) {{
+{fp8_cases}
+    default:
+      break;
+  }}
+#endif
   return cudaErrorNotSupported;
 }}
 
@@ -190,6 +245,8 @@ def expected_files() -> dict[str, str]:
             files[f"forward_{dtype}_hdim{head_dim}.cu"] = forward_file(dtype, head_dim)
         for head_dim in BACKWARD_TILES:
             files[f"backward_{dtype}_hdim{head_dim}.cu"] = backward_file(dtype, head_dim)
+    for head_dim in FP8_FORWARD_TILES:
+        files[f"forward_fp8_hdim{head_dim}.cu"] = fp8_forward_file(head_dim)
     return files
 
 

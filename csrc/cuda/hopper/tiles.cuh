@@ -26,6 +26,15 @@ CUTE_HOST_DEVICE auto global_tensor(const void* data, GlobalShape shape) {
 template <typename Element>
 using GlobalTensor = decltype(global_tensor<Element>(nullptr, GlobalShape{}));
 
+// A transposed value tensor [batch, heads, head_dim, keys], viewed as (head_dim, keys, heads, batch) so that a tile
+// is a (head_dim, keys) box; keys is the padded row length. Its type is GlobalTensor's.
+template <typename Element>
+CUTE_HOST_DEVICE auto global_transposed_tensor(const void* data, GlobalShape shape) {
+  const int64_t head = int64_t(get<0>(shape)) * get<1>(shape);  // head_dim * keys elements between heads
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), shape,
+                     make_stride(int64_t(get<1>(shape)), _1{}, head, head * get<2>(shape)));
+}
+
 // kStages (rows, head_dim) tiles, 128-byte swizzled: conflict-free for wgmma reads and the TMA's native layout.
 template <typename Element, int kRows, int kHeadDim, int kStages>
 using SwizzledTiles = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},

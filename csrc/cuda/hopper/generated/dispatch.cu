@@ -41,6 +41,13 @@ int backward_bucket(int64_t head_dim) {
   return 0;
 }
 
+int fp8_forward_bucket(int64_t head_dim) {
+#if defined(JAX_FLASH_HEAD_DIM_128)
+  if (head_dim <= 128) return 128;
+#endif
+  return 0;
+}
+
 }  // namespace
 
 bool device_supported() {
@@ -93,6 +100,34 @@ cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaS
     default:
       break;
   }
+  return cudaErrorNotSupported;
+}
+
+bool forward_fp8_supported(const AttentionShape& shape) {
+#if defined(JAX_FLASH_DTYPE_FP8)
+  // head_dim in 16s: the TMA needs 16-byte strides between e4m3 rows.
+  return fp8_forward_bucket(shape.head_dim) != 0 && shape.head_dim % 16 == 0;
+#else
+  return false;
+#endif
+}
+
+size_t forward_fp8_workspace_bytes(const AttentionShape& shape) {
+  return kFp8ValueOffset + size_t(shape.batch * shape.heads_kv * shape.head_dim * fp8_padded_keys(shape.seqlen_k));
+}
+
+cudaError_t forward_fp8(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {
+#if defined(JAX_FLASH_DTYPE_FP8)
+  if (!forward_fp8_supported(params.shape)) return cudaErrorNotSupported;
+  switch (fp8_forward_bucket(params.shape.head_dim)) {
+#if defined(JAX_FLASH_HEAD_DIM_128)
+    case 128:
+      return launch_forward_fp8<128>(params, workspace, stream);
+#endif
+    default:
+      break;
+  }
+#endif
   return cudaErrorNotSupported;
 }
 
