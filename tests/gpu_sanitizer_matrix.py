@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitizer_matrix.py --groups tokens,decode
 
-(--groups picks some of dense, fused, tokens, decode and fp8, run in the order named: racecheck over the whole matrix
+(--groups picks some of dense, long, tokens, decode and fp8, run in the order named: racecheck over the whole matrix
 can outlast one device call.)
 
 Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
@@ -45,10 +45,12 @@ CASES = [
     (256, 256, 36, 6, 64, True, None, None),
 ]
 
-# Long enough (seq_q >= 2048, head dim 65..128) for the Hopper backward that accumulates dq inside its dk/dv kernel;
-# its own group because one such case under racecheck costs as much as the whole dense group.
-FUSED_CASES = [
+# Long enough (seq_q >= 2048) for the Hopper kernels chosen only on long rows: the backward that accumulates dq inside
+# its dk/dv kernel (head dims 65..128) and the 192-row forward at head dim 64 (2049 rows leave its last tile with 129).
+# Their own group because one such case under racecheck costs as much as the whole dense group.
+LONG_CASES = [
     (2049, 2063, 2, 1, 128, True, None, None),
+    (2049, 2049, 2, 2, 64, False, None, None),
 ]
 
 # The FP8 forward (Hopper kernel at head dims 16..128 in 16s, with its transpose of v): odd lengths, GQA, a window,
@@ -92,7 +94,7 @@ def token_arguments(kind: str, seq_q: int, seq_k: int) -> dict:
     return arguments
 
 
-GROUPS = ("dense", "fused", "tokens", "decode", "fp8")
+GROUPS = ("dense", "long", "tokens", "decode", "fp8")
 
 
 def main(argv=None) -> int:
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
         elif group == "decode":
             failures += sum(not decode_reads_only_valid_entries(*case) for case in with_dtypes(DECODE_CASES))
         else:
-            cases = {"dense": CASES, "fused": FUSED_CASES,
+            cases = {"dense": CASES, "long": LONG_CASES,
                      "tokens": [(*case[:6], case[6], None, case[7]) for case in TOKEN_CASES]}[group]
             failures += sum(not gradients_are_finite(*case) for case in with_dtypes(cases))
     return 1 if failures else 0

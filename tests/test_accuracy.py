@@ -121,3 +121,19 @@ def test_forward_and_gradients(case, platform, rng):
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in _SLOW_CASES])
 def test_forward_and_gradients_long(case, platform, rng):
     _check_case(case, platform, rng)
+
+
+# Lengths from which the Hopper kernels switch forms: the 192-row forward at head dim 64 from 2048 queries
+# (hopper/generate_instantiations.py's LONG_QUERIES; 2049 rows leave its last tile with 129) and the backward's fused
+# dQ at head dims 65..128. On a GPU only: XLA:CPU's baselines at these lengths would take minutes.
+_GPU_LONG_CASES = [
+    Case(2049, 2100, 4, 2, 64, "bfloat16", is_causal=True, batch=1),
+    Case(2100, 2049, 2, 2, 64, "float16", window=(300, 40), batch=1),
+    Case(2049, 2049, 4, 1, 128, "bfloat16", batch=1),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in _GPU_LONG_CASES])
+def test_forward_and_gradients_long_rows(case, gpu_platform, rng):
+    _check_case(case, gpu_platform, rng)

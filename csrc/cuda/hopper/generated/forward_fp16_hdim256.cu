@@ -6,8 +6,8 @@ namespace jax_flash::cuda_kernels::hopper {
 template <>
 cudaError_t launch_forward<cutlass::half_t, 256>(const AttentionForwardParams& params, void* workspace,
                                                   cudaStream_t stream) {
-  return launch_forward_config<ForwardConfig<cutlass::half_t, 256, 128, 64, 2>>(
-      params, workspace, stream);
+  using Config = ForwardConfig<cutlass::half_t, 256, 128, 64, 2>;
+  return launch_forward_config<Config>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper

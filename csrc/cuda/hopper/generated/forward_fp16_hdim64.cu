@@ -6,8 +6,12 @@ namespace jax_flash::cuda_kernels::hopper {
 template <>
 cudaError_t launch_forward<cutlass::half_t, 64>(const AttentionForwardParams& params, void* workspace,
                                                   cudaStream_t stream) {
-  return launch_forward_config<ForwardConfig<cutlass::half_t, 64, 128, 128, 2>>(
-      params, workspace, stream);
+  using Config = ForwardConfig<cutlass::half_t, 64, 128, 128, 2>;
+  using LongQueriesConfig = ForwardConfig<cutlass::half_t, 64, 192, 128, 2>;
+  if (params.shape.seqlen_q >= 2048) {
+    return launch_forward_config<LongQueriesConfig>(params, workspace, stream);
+  }
+  return launch_forward_config<Config>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda_kernels::hopper
