@@ -15,31 +15,30 @@ namespace jax_flash {
 
 namespace ffi = ::xla::ffi;
 
+// The forward's outputs and attributes, after its operands; taken by reference because a binding cannot be moved
+// into a parameter (XLA's Binding only builds on itself through its member functions).
+template <typename Binding>
+auto bind_forward_results(Binding&& binding) {
+  return std::move(binding)
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attrs<AttentionAttrs>();
+}
+
 // forward(q, k, v, <token-mask operands>) -> (out, lse); the token-mask operands (TokenInput, attention_attrs.h)
 // arrive as the remaining arguments and are decoded by decode_forward. With kDescale (the FP8 forward) a float32
 // descale operand {query_scale * key_scale, value_scale} follows v: e4m3 q, k, v and a bfloat16 out.
-// (A binding cannot be held in a variable or passed on, so each form is one chain.)
 template <bool kDescale = false, typename Binding>
 auto bind_forward_operands(Binding binding) {
+  auto qkv = std::move(binding)
+                 .template Arg<ffi::AnyBuffer>()
+                 .template Arg<ffi::AnyBuffer>()
+                 .template Arg<ffi::AnyBuffer>();
   if constexpr (kDescale) {
-    return std::move(binding)
-        .template Arg<ffi::AnyBuffer>()
-        .template Arg<ffi::AnyBuffer>()
-        .template Arg<ffi::AnyBuffer>()
-        .template Arg<ffi::Buffer<ffi::F32>>()
-        .RemainingArgs()
-        .template Ret<ffi::AnyBuffer>()
-        .template Ret<ffi::Buffer<ffi::F32>>()
-        .template Attrs<AttentionAttrs>();
+    return bind_forward_results(std::move(qkv).template Arg<ffi::Buffer<ffi::F32>>());
   } else {
-    return std::move(binding)
-        .template Arg<ffi::AnyBuffer>()
-        .template Arg<ffi::AnyBuffer>()
-        .template Arg<ffi::AnyBuffer>()
-        .RemainingArgs()
-        .template Ret<ffi::AnyBuffer>()
-        .template Ret<ffi::Buffer<ffi::F32>>()
-        .template Attrs<AttentionAttrs>();
+    return bind_forward_results(std::move(qkv));
   }
 }
 
