@@ -21,7 +21,8 @@ size_t forward_workspace_bytes();
 
 cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
-// The FP8 forward (e4m3 q, k, v with params.descale; bfloat16 output), head dims 65..128 that are multiples of 16.
+// The FP8 forward (e4m3 q, k, v with params.descale; bfloat16 output), head dims that are multiples of 16 up to 128
+// (all run in the 128 bucket, zero-padded).
 // Its workspace holds the work counter and, from kFp8ValueOffset on, v transposed (fp8_value_transpose.cuh).
 constexpr size_t kFp8ValueOffset = 256;
 inline int64_t fp8_padded_keys(int64_t seqlen_k) { return (seqlen_k + 31) / 32 * 32; }
