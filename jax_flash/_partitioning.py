@@ -27,8 +27,8 @@ from jax_flash._config import TOKEN_INPUTS, AttentionConfig
 
 # The layout of each operand and result, by role: "q" [batch, seq_q, heads_q, head_dim] (also out and its
 # cotangent), "kv" [batch, seq_k, heads_kv, head_dim], "lse" [batch, heads_q, seq_q], "descale" the FP8 forward's
-# [2] scales (replicated); the token-mask operands that
-# follow are "len" [batch], "q_tok" [batch, seq_q] and "kv_tok" [batch, seq_k], sharded along the batch only.
+# [2] scales (replicated); the token-mask operands that follow are "len" [batch], "q_tok" [batch, seq_q] and
+# "kv_tok" [batch, seq_k], sharded along the batch only.
 _ROLES = {
     "attention_fwd": (("q", "kv", "kv"), ("q", "lse")),
     "attention_bwd": (("q", "q", "kv", "kv", "q", "lse"), ("q", "kv", "kv")),

@@ -105,12 +105,18 @@ for _platform in ("cpu", "cuda"):
     mlir.register_lowering(attention_bwd_p, _lowering("attention_bwd", _platform), platform=_platform)
 
 
+def dequantize_fp8(q, k, v, query_key_scale, value_scale):
+    """e4m3 q, k, v as bfloat16 for the bfloat16 kernels: the key exactly (every e4m3 value is a bfloat16 one), the
+    query times query_scale * key_scale (both logit scales ride on it) and the value times value_scale, each rounded
+    once to bfloat16."""
+    q = (q.astype(jnp.float32) * query_key_scale).astype(jnp.bfloat16)
+    v = (v.astype(jnp.float32) * value_scale).astype(jnp.bfloat16)
+    return q, k.astype(jnp.bfloat16), v
+
+
 def _dequantized_fp8_forward(q, k, v, descale, *tokens, config: AttentionConfig):
-    """The FP8 forward on the bfloat16 kernels: the key exactly (every e4m3 value is a bfloat16 one), the query
-    times query_scale * key_scale and the value times value_scale, each rounded once to bfloat16."""
-    q = (q.astype(jnp.float32) * descale[0]).astype(jnp.bfloat16)
-    v = (v.astype(jnp.float32) * descale[1]).astype(jnp.bfloat16)
-    return attention_fwd_p.bind(q, k.astype(jnp.bfloat16), v, *tokens, config=config)
+    """The FP8 forward on the bfloat16 kernels."""
+    return attention_fwd_p.bind(*dequantize_fp8(q, k, v, descale[0], descale[1]), *tokens, config=config)
 
 
 def fp8_kernel_applies(head_dim: int) -> bool:

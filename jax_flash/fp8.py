@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from jax_flash import _jax_internals, _validation
-from jax_flash._primitives import attention_fp8_fwd_p
+from jax_flash._primitives import attention_fp8_fwd_p, dequantize_fp8
 from jax_flash.attention import IMPLEMENTATIONS, attention_config, dot_product_attention
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn),)
@@ -93,10 +93,8 @@ def dot_product_attention_fp8(query, key, value, *, query_scale, key_scale, valu
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation == "xla":
-        # The product of the two logit scales rides on the query, so the key needs no rounding at all.
-        q = (query.astype(jnp.float32) * (query_scale * key_scale)).astype(jnp.bfloat16)
-        v = (value.astype(jnp.float32) * value_scale).astype(jnp.bfloat16)
-        out = dot_product_attention(q, key.astype(jnp.bfloat16), v, scale=scale, is_causal=is_causal,
+        q, k, v = dequantize_fp8(query, key, value, query_scale * key_scale, value_scale)
+        out = dot_product_attention(q, k, v, scale=scale, is_causal=is_causal,
                                     query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                     local_window_size=local_window_size, implementation="xla", softcap=softcap,
                                     segment_ids=segment_ids, segment_positions=segment_positions)
