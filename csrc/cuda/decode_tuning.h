@@ -6,10 +6,10 @@
 namespace jax_flash {
 
 // The fp16/bf16 kernel for head dims 65..128 (other head dims and float32 always take their one shape): the rows
-// kernel (decode_split_rows.cuh) with a per-warp pipeline 2 or 3 tiles of 16 keys deep. The two stay side by side
-// because the better depth is a trade of bytes in flight against shared memory (blocks per SM) that may fall
-// differently on another GPU.
-enum class DecodeKernel : int { kRows2, kRows3, kCount };
+// kernel (decode_split_rows.cuh) with a per-warp pipeline 2 or 3 tiles of 16 keys deep, in blocks of 4 warps
+// (2 blocks per SM on sm_90) or, rows3x8w, of 8 (one block per SM; it fills the GPU with half as many splits).
+// rows2 is for GPUs whose blocks may not use the shared memory of rows3 (sm_86, sm_89: 99 KiB).
+enum class DecodeKernel : int { kRows2, kRows3, kRows3Warps8, kCount };
 
 struct DecodeTuning {
   DecodeKernel kernel;
@@ -24,12 +24,13 @@ struct DecodeTuning {
   bool overlap_combine;
 };
 
-// rows3, splits fastest, one wave, plain combine launch: the best score of the H200 sweep (commit 56ded63,
-// docs/benchmarks.md) without the programmatic-dependent launch, which is unverified inside XLA's CUDA graphs.
-constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, false};
+// rows3, splits fastest, one wave, the combine launched as a programmatic dependent: the best score of the H200 sweep
+// of 2026-12-04 (docs/benchmarks.md). plan_decode swaps in rows3x8w where the key range must be split, and rows2
+// where rows3 does not fit.
+constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, true};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
-  constexpr const char* kNames[] = {"rows2", "rows3"};
+  constexpr const char* kNames[] = {"rows2", "rows3", "rows3x8w"};
   return kNames[static_cast<int>(kernel)];
 }
 

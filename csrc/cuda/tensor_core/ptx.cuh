@@ -19,6 +19,17 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                : "memory");
 }
 
+// cp_async_16 asking L2 to fetch the whole aligned 256-byte block around `src` from DRAM at once, for streams that
+// read every byte of it soon (the key rows of the decode kernels); with all 16 bytes valid, or zero-filling.
+__device__ __forceinline__ void cp_async_16_fetch_256(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_16_fetch_256(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most kPending committed groups are still in flight. The "memory" clobbers keep the compiler from
