@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   // whole 128-byte lines. Recomputing every chunk's address cost more instructions than the rest of the tile: a
   // lane's row and column stay fixed, its chunks of a row are immediate offsets, its rows step by kCopyRows keys, and
   // the tile's page and row within the page advance by additions (tiles are issued in order, kWarps tiles apart), so
-  // the page table is read once per page. Chunks past the keys or head_dim are zero-filled. L2 fetches each row's
-  // whole 256 bytes from DRAM at the first request (1-2% faster than on demand).
+  // the page table is read once per page, a tile ahead. Chunks past the keys or head_dim are zero-filled. L2 fetches
+  // each row's whole 256 bytes from DRAM at the first request (1-2% faster than on demand).
   constexpr int kLanesPerRow = 8, kCopyRows = 32 / kLanesPerRow, kChunksPerLane = kWidth / 8 / kLanesPerRow;
   static_assert(kWidth % (8 * kLanesPerRow) == 0 && kTileRows % kCopyRows == 0, "a warp copies whole lines");
   const int lane_row = lane / kLanesPerRow, lane_col = lane % kLanesPerRow * 8;
@@ -87,25 +87,30 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   const int32_t* page_ids = p.cache.page_table + b * p.cache.pages_per_seq;
   const int page_size = static_cast<int>(p.cache.page_size);
   int next_key = tile_start(0), page = next_key / page_size, row_in_page = next_key % page_size;
-  // Element offset of the lane's first chunk on row 0 of page `page`. Page ids outside the pool are clamped: a bad
-  // table gives wrong values, never an out-of-bounds read. Past the table (no tile left to issue) it is not read.
-  auto page_offset = [&](int index) -> int64_t {
-    if (index >= p.cache.pages_per_seq) return 0;
-    int64_t id = page_ids[index];
+  // The id of page `index` (0 past the table, where no tile is left to issue), read when a tile enters the page but
+  // used only when the next tile is issued, a step later, so that small pages do not stall a warp on the load.
+  auto read_page_id = [&](int index) -> int32_t { return index < p.cache.pages_per_seq ? page_ids[index] : 0; };
+  // Element offset of the lane's first chunk on row 0 of a page. Page ids outside the pool are clamped: a bad table
+  // gives wrong values, never an out-of-bounds read.
+  auto page_offset = [&](int64_t id) -> int64_t {
     id = id < 0 ? 0 : (id >= p.cache.num_pages ? p.cache.num_pages - 1 : id);
     return id * page_stride + lane_offset_in_row;
   };
-  int64_t lane_page_offset = page_offset(page);
+  int32_t page_id = read_page_id(page);
+  bool page_entered = true;  // page_id is not yet in lane_page_offset
+  int64_t lane_page_offset = 0;
   const uint32_t lane_pipe_address =
       shared_address(warp_pipe) + static_cast<uint32_t>(sizeof(Element) * (lane_row * kStride + lane_col));
   const bool full_width = d == kWidth;
   auto issue = [&](int i) {
+    if (page_entered) lane_page_offset = page_offset(page_id), page_entered = false;
     const int64_t lane_offset = lane_page_offset + row_in_page * key_stride;
     const Element* k_source = k_cache + lane_offset;
     const Element* v_source = v_cache + lane_offset;
     const int valid_rows = min(kTileRows, keys.key_end - next_key);
     const uint32_t stage = lane_pipe_address + (i % kStages) * Shape::kTileElements * sizeof(Element);
-    constexpr uint32_t kCopyBytes = kCopyRows * kStride * sizeof(Element), kVBytes = kTileRows * kStride * sizeof(Element);
+    constexpr uint32_t kCopyBytes = kCopyRows * kStride * sizeof(Element);
+    constexpr uint32_t kVBytes = kTileRows * kStride * sizeof(Element);
     constexpr int kChunkStep = 8 * kLanesPerRow;  // elements between a lane's chunks of a row
     if (full_width && valid_rows == kTileRows) {  // every tile but a split's last, at head_dim kWidth
 #pragma unroll
@@ -131,7 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
     next_key += kWarps * kTileRows, row_in_page += kWarps * kTileRows;
     if (row_in_page >= page_size) {
       while (row_in_page >= page_size) row_in_page -= page_size, ++page;
-      lane_page_offset = page_offset(page);
+      page_id = read_page_id(page), page_entered = true;
     }
   };
   // ldmatrix lanes: lane l addresses row l % 8 of matrix l / 8. K: matrices (keys 0-7, 8-15) x (columns +0, +8) in
