@@ -232,6 +232,14 @@ static void fill_bench_case(const Case& c, DeviceCase& dc) {
   CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
 }
 
+// GB/s of K + V read per call on a benchmark case (fresh caches of one value), the plan's split count and whether
+// the output was right.
+static double bench_gbps(const Case& c, const DecodeTuning* tuning, int64_t* splits, bool* right, std::mt19937& gen) {
+  DeviceCase dc(c, gen);
+  fill_bench_case(c, dc);
+  return 2.0 * c.b * c.max_len * c.hkv * c.d * 2 / time_call(dc.p, tuning, splits, right) / 1e3;
+}
+
 // `--profile LABEL [--kernel NAME]`: only the production plan (or kernel NAME's, splits fastest, one wave) on one
 // benchmark case (for ncu: the split kernel's 5th launch is a warm one).
 static int profile_case(const Bench* bench, int count, const char* label, const char* kernel, std::mt19937& gen) {
@@ -246,14 +254,11 @@ static int profile_case(const Bench* bench, int count, const char* label, const 
   }
   for (int s = 0; s < count; ++s) {
     if (std::strcmp(bench[s].label, label)) continue;
-    const Case& c = bench[s].c;
-    DeviceCase dc(c, gen);
-    fill_bench_case(c, dc);
     int64_t splits;
     bool right;
-    const double us = time_call(dc.p, tuning, &splits, &right);
-    printf("%s: %s, %lld splits, %.1f us, %.0f GB/s%s\n", label, kernel ? kernel : "production plan",
-           (long long)splits, us, 2.0 * c.b * c.max_len * c.hkv * c.d * 2 / us / 1e3, right ? "" : " WRONG");
+    const double gbps = bench_gbps(bench[s].c, tuning, &splits, &right, gen);
+    printf("%s: %s, %lld splits, %.0f GB/s%s\n", label, kernel ? kernel : "production plan", (long long)splits, gbps,
+           right ? "" : " WRONG");
     return right ? 0 : 1;
   }
   printf("no benchmark case %s\n", label);
@@ -374,14 +379,11 @@ int main(int argc, char** argv) {
     // The production plan (plan_decode: the default tuning with its per-shape kernel choice).
     printf("%-30s", "production plan");
     for (int s = 0; s < kShapes; ++s) {
-      const Case& c = bench[s].c;
-      DeviceCase dc(c, gen);
-      fill_bench_case(c, dc);
       int64_t splits;
       bool ok;
-      const double us = time_call(dc.p, nullptr, &splits, &ok);
+      const double gbps = bench_gbps(bench[s].c, nullptr, &splits, &ok, gen);
       if (!ok) ++failures;
-      printf(" %8.0f (%3lld)%s", 2.0 * c.b * c.max_len * c.hkv * c.d * 2 / us / 1e3, (long long)splits, ok ? "" : "!");
+      printf(" %8.0f (%3lld)%s", gbps, (long long)splits, ok ? "" : "!");
     }
     printf("\n");
 
