@@ -181,8 +181,13 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
     return status;
   };
   // rows3 needs more shared memory per block than some GPUs allow (106 KiB; sm_86 and sm_89 stop at 99 KiB): there
-  // the shallower rows2 runs instead.
+  // the shallower rows2 runs instead. Programmatic dependent launch exists from sm_90 on.
   DecodeTuning tuning = kDefaultDecodeTuning;
+  int major = 0;
+  if (cudaError_t status = cuda_kernels::device_attribute<cudaDevAttrComputeCapabilityMajor>(&major);
+      status != cudaSuccess)
+    return status;
+  tuning.overlap_combine = tuning.overlap_combine && major >= 9;
   bool fit = false;
   if (cudaError_t status = fits(tuning.kernel, &fit); status != cudaSuccess) return status;
   if (!fit) tuning.kernel = DecodeKernel::kRows2;
