@@ -55,16 +55,40 @@ decode_p.def_impl(_compiled_impl(decode_p))
 kv_cache_update_p.def_impl(_compiled_impl(kv_cache_update_p))
 
 
+# The CUDA kernels split the keys of each (sequence, kv head, pass of 16 packed query rows) across thread blocks only
+# while there are too few of those items to fill the GPU, at most 128 ways and with at least 256 keys a split; their
+# partial outputs and lse (head_dim + 1 floats per output row and split) go through a workspace that XLA allocates
+# as a third output of the custom call, sized here from the static shapes (no allocation inside the call, as capture
+# into XLA's command buffers would need). _MAX_BLOCK_SLOTS bounds the thread blocks one wave of any GPU holds (an H200 runs 264 of
+# the default kernel's); the CUDA planner caps its split count to the workspace it gets.
+_MAX_SPLITS, _MIN_KEYS_PER_SPLIT, _ROWS_PER_PASS, _MAX_BLOCK_SLOTS = 128, 256, 16, 1024
+
+
+def decode_workspace_elements(q_shape, kv_heads: int, capacity: int) -> int:
+    """Float32 elements of the CUDA decode workspace for query [batch, q_len, heads, head_dim] against a cache of
+    `capacity` positions per sequence (at least 1: XLA buffers of no elements may have no address)."""
+    batch, q_len, heads, head_dim = q_shape
+    items = max(batch * kv_heads * -(-q_len * (heads // kv_heads) // _ROWS_PER_PASS), 1)
+    splits = min(_MAX_SPLITS, -(-capacity // _MIN_KEYS_PER_SPLIT), -(-_MAX_BLOCK_SLOTS // items))
+    if splits <= 1:
+        return 1
+    return max(splits * batch * q_len * heads * (head_dim + 1), 1)
+
+
 def _decode_lowering(platform: str):
     target = _ffi.target_name("decode", platform)
 
     def rule(ctx, *operands, config: AttentionConfig):
-        q = ctx.avals_in[0]
+        q, k, _, _, page_table = ctx.avals_in
         _check_platform(platform, q.shape[-1])
         batch, q_len, heads, _ = q.shape
-        call = jax.ffi.ffi_call(target, (jax.ShapeDtypeStruct(q.shape, q.dtype),
-                                         jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)))
-        return mlir.lower_fun(lambda *args: call(*args, **config.ffi_attributes()), multiple_results=True)(
+        results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)]
+        if platform == "cuda":
+            capacity = page_table.shape[1] * k.shape[1]
+            results.append(jax.ShapeDtypeStruct((decode_workspace_elements(q.shape, k.shape[2], capacity),),
+                                                jnp.float32))
+        call = jax.ffi.ffi_call(target, results)
+        return mlir.lower_fun(lambda *args: call(*args, **config.ffi_attributes())[:2], multiple_results=True)(
             ctx, *operands)
 
     return rule

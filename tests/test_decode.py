@@ -292,6 +292,47 @@ def test_lowers_to_the_decode_kernel(platform, rng):
     k = normal(rng, (1, 8, 2, 16), jnp.float32, platform)
     text = jax.jit(jax_flash.decode_attention).lower(q, k, k, jnp.asarray([3])).as_text()
     assert f"jax_flash_decode_{KERNEL_PLATFORM[platform]}" in text
+    # On CUDA the split partials' workspace is a third result that XLA allocates (1 element: 8 keys are one split).
+    results = "(tensor<1x1x2x16xf32>, tensor<1x2x1xf32>" + (", tensor<1xf32>)" if platform == "gpu" else ")")
+    assert f"-> {results}" in text
+
+
+def test_cuda_workspace_covers_the_splits():
+    """The CUDA workspace, sized at trace time, holds the partials of as many splits as the planner may choose: one
+    per 256 keys up to 128, while fewer than 1024 blocks of 16 packed query rows fill the GPU."""
+    from jax_flash._decode_primitives import decode_workspace_elements
+
+    per_split = 32 * 129  # one query token, 32 heads of 128: lse and output per row
+    assert decode_workspace_elements((1, 1, 32, 128), 8, 131072) == 128 * per_split  # 8 items
+    assert decode_workspace_elements((8, 1, 32, 128), 8, 4096) == 16 * 8 * per_split  # 64 items: 1024 / 64
+    assert decode_workspace_elements((8, 1, 32, 128), 8, 1000) == 4 * 8 * per_split  # 4 splits of >= 256 keys
+    assert decode_workspace_elements((128, 1, 32, 128), 8, 2048) == 1  # 1024 items fill any GPU unsplit
+    assert decode_workspace_elements((2, 16, 32, 128), 1, 4096) == 16 * 2 * 16 * 32 * 129  # 32 passes of 16 rows
+
+
+def test_unrolled_calls_in_one_program(platform, rng):
+    """Several decode calls and cache updates in one jitted program, not in a loop (what XLA's command buffers would
+    capture into one CUDA graph). Each step's query is its own (no result feeds the next step's query, whose rounding
+    XLA may fuse differently), so the steps must match one call at a time exactly."""
+    queries = [normal(rng, (2, 1, 8, 128), jnp.bfloat16, platform) for _ in range(4)]
+    k = normal(rng, (2, 3000, 2, 128), jnp.bfloat16, platform)
+    v = normal(rng, (2, 3000, 2, 128), jnp.bfloat16, platform)
+    lengths = np.asarray([2996, 1700], np.int32)
+
+    @jax.jit
+    def steps(queries, k, v, lengths):
+        outs = []
+        for step, q in enumerate(queries):
+            k, v = jax_flash.update_kv_cache(k, v, q[:, :, :2], q[:, :, 2:4], lengths + step - 1)
+            outs.append(jax_flash.decode_attention(q, k, v, lengths + step))
+        return outs, k
+
+    outs, k_final = steps(queries, k, v, jnp.asarray(lengths))
+    for step, q in enumerate(queries):
+        k, v = jax_flash.update_kv_cache(k, v, q[:, :, :2], q[:, :, 2:4], jnp.asarray(lengths + step - 1))
+        out = check_against_reference(platform, q, k, v, lengths + step)
+        np.testing.assert_array_equal(np.asarray(outs[step], np.float32), np.asarray(out, np.float32))
+    np.testing.assert_array_equal(np.asarray(k_final, np.float32), np.asarray(k, np.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -20,14 +20,17 @@ struct DecodePlan {
   DecodeTuning tuning;  // kernel shape and grid order: kDefaultDecodeTuning outside the harness's sweep
 };
 
-// Chooses the plan from the shape and the SM count of the current device (read once per device, then cached).
-cudaError_t plan_decode(const DecodeParams& params, DecodePlan* plan);
+// Chooses the plan from the shape and the SM count of the current device (read once per device, then cached), with
+// at most `workspace_limit` bytes of workspace: the split count is capped to fit (one split needs none).
+cudaError_t plan_decode(const DecodeParams& params, size_t workspace_limit, DecodePlan* plan);
 
 // The same with the given knobs instead of kDefaultDecodeTuning (the harness's sweep).
-cudaError_t plan_decode_tuned(const DecodeParams& params, const DecodeTuning& tuning, DecodePlan* plan);
+cudaError_t plan_decode_tuned(const DecodeParams& params, const DecodeTuning& tuning, size_t workspace_limit,
+                              DecodePlan* plan);
 
 // Returns the launch error (never synchronizes the stream). `workspace` holds plan.workspace_bytes, allocated by
-// the caller through XLA.
+// the caller through XLA. On a stream that is being captured into a CUDA graph (XLA's command buffers) the combine
+// is launched plainly, not as a programmatic dependent.
 cudaError_t launch_decode(const DecodeParams& params, const DecodePlan& plan, void* workspace, cudaStream_t stream);
 
 cudaError_t launch_kv_cache_update(const KvCacheUpdateParams& params, cudaStream_t stream);

@@ -166,7 +166,7 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointe
 
 using namespace cuda_kernels::decode;
 
-cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
+cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePlan* plan) {
   int shared_limit = 0;
   if (cudaError_t status = cuda_kernels::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&shared_limit);
       status != cudaSuccess)
@@ -191,7 +191,8 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
   bool fit = false;
   if (cudaError_t status = fits(tuning.kernel, &fit); status != cudaSuccess) return status;
   if (!fit) tuning.kernel = DecodeKernel::kRows2;
-  if (cudaError_t status = plan_decode_tuned(p, tuning, plan); status != cudaSuccess || plan->splits == 1)
+  if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, plan);
+      status != cudaSuccess || plan->splits == 1)
     return status;
   // The key range is split: one block of 8 warps per SM (rows3x8w) then fills the GPU with half the splits and reads
   // 2-4% faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k); where the blocks fill the GPU unsplit, two blocks of 4 warps
@@ -200,12 +201,13 @@ cudaError_t plan_decode(const DecodeParams& p, DecodePlan* plan) {
   if (cudaError_t status = fits(DecodeKernel::kRows3Warps8, &fit); status != cudaSuccess || !fit) return status;
   tuning.kernel = DecodeKernel::kRows3Warps8;
   DecodePlan wide{};
-  if (cudaError_t status = plan_decode_tuned(p, tuning, &wide); status != cudaSuccess) return status;
+  if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, &wide); status != cudaSuccess) return status;
   if (wide.splits > 1) *plan = wide;
   return cudaSuccess;
 }
 
-cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, DecodePlan* plan) {
+cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, size_t workspace_limit,
+                              DecodePlan* plan) {
   if (tuning.waves < 1) return cudaErrorInvalidValue;
   plan->tuning = tuning;
   return visit_instance(p, tuning.kernel, [&](auto instance) {
@@ -216,11 +218,12 @@ cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning,
     const int64_t items = std::max<int64_t>(p.batch * Kernel::head_passes(p), 1);
     const int64_t useful = (p.cache.capacity() + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
     const int64_t slots = int64_t{sms} * per_sm * tuning.waves;
-    plan->splits = choose_splits(items, slots, std::clamp<int64_t>(useful, 1, kMaxSplits));
     const int64_t rows_out = p.batch * p.q_len * p.heads_q;
-    plan->workspace_bytes = plan->splits == 1 ? 0
-                                              : sizeof(float) * static_cast<size_t>(plan->splits * rows_out *
-                                                                                    (p.cache.head_dim + 1));
+    const size_t split_bytes = sizeof(float) * static_cast<size_t>(rows_out * (p.cache.head_dim + 1));
+    const int64_t fitting =
+        static_cast<int64_t>(std::min<size_t>(workspace_limit / std::max<size_t>(split_bytes, 1), kMaxSplits));
+    plan->splits = choose_splits(items, slots, std::clamp<int64_t>(std::min(useful, fitting), 1, kMaxSplits));
+    plan->workspace_bytes = plan->splits == 1 ? 0 : split_bytes * static_cast<size_t>(plan->splits);
     return cudaSuccess;
   });
 }
@@ -252,7 +255,10 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     overlap.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &overlap;
-    config.numAttrs = plan.tuning.overlap_combine ? 1 : 0;
+    // XLA's command buffers capture the stream into a CUDA graph: there the combine follows the split kernel plainly.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaError_t status = cudaStreamIsCapturing(stream, &capture); status != cudaSuccess) return status;
+    config.numAttrs = plan.tuning.overlap_combine && capture == cudaStreamCaptureStatusNone ? 1 : 0;
     return cudaLaunchKernelEx(&config, decode_combine_kernel<typename Kernel::Element>, p,
                               static_cast<int>(plan.splits), parts);
   });

@@ -1,5 +1,8 @@
 // CUDA handlers of decode and the KV cache update: decode operands into params and launch on XLA's stream. They
-// never synchronize the stream and take device memory only from XLA (outputs and the scratch allocator).
+// never synchronize the stream and take device memory only from XLA: decode's workspace for the split partials is a
+// third output, sized at trace time (jax_flash/_decode_primitives.py), not a scratch allocation, which would not
+// outlive a capture into XLA's command buffers (CUDA graphs). Both handlers may so be declared compatible with them
+// (xla::ffi::Traits::kCmdBufferCompatible); that waits for a GPU run that checks and times it.
 #include <string>
 
 #include <cuda_runtime.h>
@@ -7,7 +10,6 @@
 #include "../cuda/decode_cuda.h"
 #include "decode_operands.h"
 #include "handlers.h"
-#include "scratch.h"
 
 namespace jax_flash {
 namespace {
@@ -19,20 +21,19 @@ ffi::Error cuda_status(const char* what, cudaError_t status) {
   return ffi::Error::Internal(std::string("jax_flash: ") + what + " failed: " + cudaGetErrorString(status));
 }
 
-ffi::Error decode_cuda_handler(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                               ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> page_table,
+ffi::Error decode_cuda_handler(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                               ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> page_table,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                               AttentionAttrs attrs) {
+                               AttentionAttrs attrs, ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
   DecodeParams params{};
   if (auto error = decode_decode(kCudaLimits, q, k, v, lengths, page_table, *out, *lse, attrs, &params);
       error.failure())
     return error;
   DecodePlan plan{};
-  if (auto error = cuda_status("decode planning", plan_decode(params, &plan)); error.failure()) return error;
-  void* workspace;
-  if (auto error = allocate_scratch(scratch, plan.workspace_bytes, "decode workspace", &workspace); error.failure())
+  if (auto error = cuda_status("decode planning", plan_decode(params, workspace->size_bytes(), &plan));
+      error.failure())
     return error;
-  return cuda_status("decode launch", launch_decode(params, plan, workspace, stream));
+  return cuda_status("decode launch", launch_decode(params, plan, workspace->untyped_data(), stream));
 }
 
 ffi::Error kv_cache_update_cuda_handler(cudaStream_t stream, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer new_k,
@@ -51,9 +52,9 @@ ffi::Error kv_cache_update_cuda_handler(cudaStream_t stream, ffi::AnyBuffer k, f
 }  // namespace jax_flash
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_flash_decode_cuda, jax_flash::decode_cuda_handler,
-                              jax_flash::bind_decode_operands(xla::ffi::Ffi::Bind()
-                                                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                                                  .Ctx<xla::ffi::ScratchAllocator>()));
+                              jax_flash::bind_decode_operands(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jax_flash_kv_cache_update_cuda, jax_flash::kv_cache_update_cuda_handler,
     jax_flash::bind_kv_cache_update_operands(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -72,11 +73,14 @@ struct DeviceCase {
   }
 };
 
+constexpr size_t kNoWorkspaceLimit = SIZE_MAX;  // the harness allocates whatever a plan asks for
+
 // Plans with `tuning` (the production plan_decode when null), runs once and synchronizes; the workspace is the
 // caller's to free.
 static DecodePlan plan_and_run(const DecodeParams& p, const DecodeTuning* tuning, void** workspace) {
   DecodePlan plan{};
-  CHECK(tuning ? plan_decode_tuned(p, *tuning, &plan) : plan_decode(p, &plan));
+  CHECK(tuning ? plan_decode_tuned(p, *tuning, kNoWorkspaceLimit, &plan)
+               : plan_decode(p, kNoWorkspaceLimit, &plan));
   *workspace = nullptr;
   if (plan.workspace_bytes) CHECK(cudaMalloc(workspace, plan.workspace_bytes));
   CHECK(launch_decode(p, plan, *workspace, 0));
@@ -99,7 +103,7 @@ static bool launches(const Case& c, const DecodeTuning& tuning, std::mt19937& ge
   CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
   DecodePlan plan{};
   void* workspace = nullptr;
-  cudaError_t status = plan_decode_tuned(dc.p, tuning, &plan);
+  cudaError_t status = plan_decode_tuned(dc.p, tuning, kNoWorkspaceLimit, &plan);
   if (status == cudaSuccess && plan.workspace_bytes) CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
   if (status == cudaSuccess) status = launch_decode(dc.p, plan, workspace, 0);
   if (status == cudaSuccess) status = cudaDeviceSynchronize();
