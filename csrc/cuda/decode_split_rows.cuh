@@ -9,9 +9,10 @@
 //   ... of the split) with no block barrier until the end, where their softmax states are merged.
 // * Keys past the split's end are masked and their V rows zero-filled by cp.async, so that a probability of 0 never
 //   meets stale bytes. Head-dim columns past head_dim are zero-filled too.
-// * A warp's rate is set by the instructions it issues per tile as much as by memory (ncu, H200: cutting them from
-//   about 330 to 250 per 16-key tile raised the read rate 3-5%), so the copies step by precomputed strides, Q stays
-//   in registers, the softmax's mask and softcap branches are taken once per tile, and 2^x is the bare SFU op.
+// * Few instructions per tile: the copies step by precomputed strides (recomputing each chunk's address took about
+//   460 SASS instructions per 16-key tile; dropping that raised the H200 read rate 2-5%), Q stays in registers, the
+//   softmax's mask and softcap branches are taken once per tile and 2^x is the bare SFU op (about 250 instructions
+//   per tile remain; the last cut, from about 330, did not change the rate at 1 x 131k).
 #pragma once
 
 #include <cmath>
