@@ -59,8 +59,8 @@ kv_cache_update_p.def_impl(_compiled_impl(kv_cache_update_p))
 # while there are too few of those items to fill the GPU, at most 128 ways and with at least 256 keys a split; their
 # partial outputs and lse (head_dim + 1 floats per output row and split) go through a workspace that XLA allocates
 # as a third output of the custom call, sized here from the static shapes (no allocation inside the call, as capture
-# into XLA's command buffers would need). _MAX_BLOCK_SLOTS bounds the thread blocks one wave of any GPU holds (an H200 runs 264 of
-# the default kernel's); the CUDA planner caps its split count to the workspace it gets.
+# into XLA's command buffers would need). _MAX_BLOCK_SLOTS bounds the thread blocks one wave of any GPU holds (an
+# H200 runs 264 of the default kernel's); the CUDA planner caps its split count to the workspace it gets.
 _MAX_SPLITS, _MIN_KEYS_PER_SPLIT, _ROWS_PER_PASS, _MAX_BLOCK_SLOTS = 128, 256, 16, 1024
 
 

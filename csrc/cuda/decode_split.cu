@@ -195,7 +195,7 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
       status != cudaSuccess || plan->splits == 1)
     return status;
   // The key range is split: one block of 8 warps per SM (rows3x8w) then fills the GPU with half the splits and reads
-  // 2-4% faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k); where the blocks fill the GPU unsplit, two blocks of 4 warps
+  // 1-4% faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k); where the blocks fill the GPU unsplit, two blocks of 4 warps
   // per SM (rows3) read 2-5% faster (64 x 8k, 128 x 2k), so rows3's plan stays if rows3x8w's would not split.
   if (tuning.kernel != DecodeKernel::kRows3) return cudaSuccess;
   if (cudaError_t status = fits(DecodeKernel::kRows3Warps8, &fit); status != cudaSuccess || !fit) return status;

@@ -236,12 +236,15 @@ static void fill_bench_case(const Case& c, DeviceCase& dc) {
   CHECK(cudaMemcpy(dc.lengths, lengths.data(), c.b * 4, cudaMemcpyHostToDevice));
 }
 
+// Bytes of K and V one call reads on a benchmark case (every length at the capacity).
+static double kv_bytes(const Case& c) { return 2.0 * c.b * c.max_len * c.hkv * c.d * 2; }
+
 // GB/s of K + V read per call on a benchmark case (fresh caches of one value), the plan's split count and whether
 // the output was right.
 static double bench_gbps(const Case& c, const DecodeTuning* tuning, int64_t* splits, bool* right, std::mt19937& gen) {
   DeviceCase dc(c, gen);
   fill_bench_case(c, dc);
-  return 2.0 * c.b * c.max_len * c.hkv * c.d * 2 / time_call(dc.p, tuning, splits, right) / 1e3;
+  return kv_bytes(c) / time_call(dc.p, tuning, splits, right) / 1e3;
 }
 
 // `--profile LABEL [--kernel NAME]`: only the production plan (or kernel NAME's, splits fastest, one wave) on one
@@ -337,7 +340,7 @@ int main(int argc, char** argv) {
       const Case& c = bench[s].c;
       DeviceCase dc(c, gen);
       fill_bench_case(c, dc);  // bf16 0x3F3F (0.746) everywhere
-      const double bytes = 2.0 * c.b * c.max_len * c.hkv * c.d * 2;
+      const double bytes = kv_bytes(c);
       for (size_t v = 0; v < variants.size(); ++v) {
         bool ok;
         gbps[v][s] = bytes / time_call(dc.p, &variants[v], &splits[v][s], &ok) / 1e3;
