@@ -3,12 +3,19 @@
     python -m jax_flash.bench_decode [--json out.json] [--reps N]
 
 GQA 32 query / 8 kv heads, head_dim 128, bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
-(64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` times inside one
-jitted fori_loop (each step's query depends on the previous output, so no step can be skipped or hoisted), which
-leaves Python dispatch out of the time. Reported: microseconds per call and the GB/s of K+V read (batch x length x
-kv_heads x head_dim x 2 tensors x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query
-of length 1) and, when importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's
-flash_mha. Every result is checked against jax.nn's xla output first.
+(64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` dependent steps
+(each step's query depends on the previous output, so no step can be skipped or hoisted) in one jitted program,
+which leaves Python dispatch out of the time, timed two ways:
+
+* loop: a rolled `lax.fori_loop`, as a generation loop runs; every step also pays the loop's control, which on a GPU
+  can cost more than a short decode call.
+* unrolled: the steps written out one after another, as the layers of one decode step of a model are; XLA can
+  capture them into one command buffer (CUDA graph), so this is the closest to the kernels' own time.
+
+Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
+x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when
+importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's flash_mha. Every result is
+checked against jax.nn's xla output first.
 """
 
 from __future__ import annotations
@@ -52,20 +59,29 @@ def _implementations(on_gpu: bool):
     return impls
 
 
-def _timed_loop(fn, reps: int):
+def _steps(fn, reps: int, unrolled: bool):
+    """A jitted program of `reps` dependent decode steps, in a fori_loop or written out."""
+
     @jax.jit
     def run(q, k, v, n):
-        def step(_, q):
-            return q + 1e-3 * fn(q, k, v, n).astype(q.dtype)
-
-        return jax.lax.fori_loop(0, reps, step, q)
+        step = lambda q: q + 1e-3 * fn(q, k, v, n).astype(q.dtype)  # noqa: E731
+        if not unrolled:
+            return jax.lax.fori_loop(0, reps, lambda _, q: step(q), q)
+        for _ in range(reps):
+            q = step(q)
+        return q
 
     return run
 
 
-def _time(fn, args, reps: int, repeats: int = 5) -> float:
-    """Seconds per call: best of `repeats` timings of the jitted reps-long loop."""
-    run = _timed_loop(fn, reps)
+# Largest |difference| from jax.nn's xla output accepted per dtype; the outputs are averages of unit normal values.
+TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4}
+TIMINGS = {"loop": False, "unrolled": True}  # timing name -> steps unrolled
+
+
+def _time(fn, args, reps: int, unrolled: bool, repeats: int = 5) -> float:
+    """Seconds per call: best of `repeats` timings of the jitted reps-step program."""
+    run = _steps(fn, reps, unrolled)
     run(*args).block_until_ready()  # compile and warm up
     best = math.inf
     for _ in range(repeats):
@@ -75,7 +91,9 @@ def _time(fn, args, reps: int, repeats: int = 5) -> float:
     return best
 
 
-def run_case(batch: int, length: int, dtype, impls, reps: int, rng) -> list[dict]:
+def run_case(batch: int, length: int, dtype, impls, reps: dict, rng) -> list[dict]:
+    """One cache shape, every implementation; `reps` maps each timing to its number of steps. An implementation that
+    fails or answers wrong gets an `error` and no timing."""
     device = jax.devices()[0]
     make = lambda *shape: jax.device_put(jnp.asarray(rng.standard_normal(shape), dtype), device)  # noqa: E731
     q = make(batch, 1, HEADS_Q, HEAD_DIM)
@@ -89,13 +107,19 @@ def run_case(batch: int, length: int, dtype, impls, reps: int, rng) -> list[dict
                       dtype=jnp.dtype(dtype).name, implementation=name)
         try:
             err = float(np.max(np.abs(np.asarray(jax.jit(fn)(q, k, v, n), np.float32) - expected)))
-            seconds = _time(fn, (q, k, v, n), reps)
-            record.update(us=seconds * 1e6, gb_per_s=kv_bytes / seconds / 1e9, max_abs_diff_vs_xla=err)
+            record["max_abs_diff_vs_xla"] = err
+            if not err <= TOLERANCE[jnp.dtype(dtype).name]:
+                raise ValueError(f"wrong answer: max |diff| vs xla {err:.2e}")
+            for timing, unrolled in TIMINGS.items():
+                seconds = _time(fn, (q, k, v, n), reps[timing], unrolled)
+                record[f"us_{timing}"] = seconds * 1e6
+                record[f"gb_per_s_{timing}"] = kv_bytes / seconds / 1e9
         except Exception as error:  # a peer that cannot run this case is reported, not fatal
             record.update(error=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
         records.append(record)
-        shown = (f"{record['us']:10.1f} us {record['gb_per_s']:8.1f} GB/s  (max |diff| vs xla "
-                 f"{record['max_abs_diff_vs_xla']:.2e})" if "us" in record else record["error"])
+        shown = record.get("error") or "  ".join(
+            [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s" for timing in TIMINGS]
+            + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
         print(f"B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
     return records
 
@@ -103,13 +127,14 @@ def run_case(batch: int, length: int, dtype, impls, reps: int, rng) -> list[dict
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the records to this file")
-    parser.add_argument("--reps", type=int, default=None, help="calls per timed loop (default 50 GPU, 5 CPU)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="steps per timed program (default: loop 50 and unrolled 20 on a GPU, 5 on the CPU)")
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     cases, dtype = (GPU_CASES, jnp.bfloat16) if on_gpu else (CPU_CASES, jnp.float32)
-    reps = args.reps or (50 if on_gpu else 5)
+    reps = dict(loop=args.reps or (50 if on_gpu else 5), unrolled=args.reps or (20 if on_gpu else 5))
     print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, "
-          f"{jnp.dtype(dtype).name}, {reps} calls per timing", flush=True)
+          f"{jnp.dtype(dtype).name}, steps per timing {reps}", flush=True)
     impls = _implementations(on_gpu)
     rng = np.random.default_rng(0)
     records = [r for batch, length in cases for r in run_case(batch, length, dtype, impls, reps, rng)]

@@ -1,0 +1,32 @@
+"""The decode benchmark's own logic on the CPU: both timings reported, wrong answers caught."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_flash import bench_decode
+
+
+def test_every_implementation_gets_both_timings():
+    impls = bench_decode._implementations(on_gpu=False)
+    records = bench_decode.run_case(2, 80, jnp.float32, impls, dict(loop=2, unrolled=2), np.random.default_rng(0))
+    assert {r["implementation"] for r in records} == set(impls)
+    kv_bytes = 2 * 2 * 80 * bench_decode.HEADS_KV * bench_decode.HEAD_DIM * 4
+    for r in records:
+        assert "error" not in r, r
+        assert r["max_abs_diff_vs_xla"] <= bench_decode.TOLERANCE["float32"]
+        for timing in bench_decode.TIMINGS:
+            assert r[f"us_{timing}"] > 0
+            assert r[f"gb_per_s_{timing}"] == pytest.approx(kv_bytes / r[f"us_{timing}"] / 1e3)
+
+
+def test_a_wrong_answer_is_reported_and_not_timed():
+    impls = bench_decode._implementations(on_gpu=False)
+    impls["jax_flash"] = lambda q, k, v, n: q  # the query echoed back: no attention at all
+    records = bench_decode.run_case(1, 48, jnp.float32, impls, dict(loop=1, unrolled=1), np.random.default_rng(1))
+    wrong = {r["implementation"]: r for r in records if "error" in r}
+    assert set(wrong) == {"jax_flash"}
+    assert wrong["jax_flash"]["error"].startswith("ValueError: wrong answer")
+    assert not any(key.startswith("us_") for key in wrong["jax_flash"])
