@@ -41,9 +41,10 @@ struct RowsKernel {
 template <typename Element, int kWidth, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWarps, kStages>::kMinBlocks))
     decode_rows_kernel(DecodeParams p, LaunchShape shape, Partials parts) {
-  using tensor_core::cp_async_16_fetch_256;
+  using tensor_core::cp_async_16_stream;
   using tensor_core::cp_async_commit;
   using tensor_core::cp_async_wait;
+  using tensor_core::l2_evict_first_policy;
   using tensor_core::ldmatrix_x4;
   using tensor_core::ldmatrix_x4_trans;
   using tensor_core::mma_16816;
@@ -78,7 +79,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   // lane's row and column stay fixed, its chunks of a row are immediate offsets, its rows step by kCopyRows keys, and
   // the tile's page and row within the page advance by additions (tiles are issued in order, kWarps tiles apart), so
   // the page table is read once per page, a tile ahead. Chunks past the keys or head_dim are zero-filled. L2 fetches
-  // each row's whole 256 bytes from DRAM at the first request (1-2% faster than on demand).
+  // whole 128-byte lines from DRAM at the first request and evicts them first, as they are read once (together 1-6%
+  // faster on the H200 than fetching 256 bytes under the default policy).
   constexpr int kLanesPerRow = 8, kCopyRows = 32 / kLanesPerRow, kChunksPerLane = kWidth / 8 / kLanesPerRow;
   static_assert(kWidth % (8 * kLanesPerRow) == 0 && kTileRows % kCopyRows == 0, "a warp copies whole lines");
   const int lane_row = lane / kLanesPerRow, lane_col = lane % kLanesPerRow * 8;
@@ -103,6 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   const uint32_t lane_pipe_address =
       shared_address(warp_pipe) + static_cast<uint32_t>(sizeof(Element) * (lane_row * kStride + lane_col));
   const bool full_width = d == kWidth;
+  const uint64_t policy = l2_evict_first_policy();
   auto issue = [&](int i) {
     if (page_entered) lane_page_offset = page_offset(page_id), page_entered = false;
     const int64_t lane_offset = lane_page_offset + row_in_page * key_stride;
@@ -119,8 +122,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
 #pragma unroll
         for (int c = 0; c < kChunksPerLane; ++c) {
           const uint32_t target = stage + u * kCopyBytes + c * kChunkStep * sizeof(Element);
-          cp_async_16_fetch_256(target, k_source + u * copy_stride + c * kChunkStep);
-          cp_async_16_fetch_256(target + kVBytes, v_source + u * copy_stride + c * kChunkStep);
+          cp_async_16_stream(target, k_source + u * copy_stride + c * kChunkStep, policy);
+          cp_async_16_stream(target + kVBytes, v_source + u * copy_stride + c * kChunkStep, policy);
         }
     } else {
 #pragma unroll
@@ -129,8 +132,9 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
         for (int c = 0; c < kChunksPerLane; ++c) {
           const bool valid = lane_col + c * kChunkStep < d && u * kCopyRows + lane_row < valid_rows;
           const uint32_t target = stage + u * kCopyBytes + c * kChunkStep * sizeof(Element);
-          cp_async_16_fetch_256(target, valid ? k_source + u * copy_stride + c * kChunkStep : k_cache, valid);
-          cp_async_16_fetch_256(target + kVBytes, valid ? v_source + u * copy_stride + c * kChunkStep : v_cache, valid);
+          cp_async_16_stream(target, valid ? k_source + u * copy_stride + c * kChunkStep : k_cache, valid, policy);
+          cp_async_16_stream(target + kVBytes, valid ? v_source + u * copy_stride + c * kChunkStep : v_cache, valid,
+                             policy);
         }
     }
     cp_async_commit();

@@ -19,14 +19,26 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                : "memory");
 }
 
-// cp_async_16 asking L2 to fetch the whole aligned 256-byte block around `src` from DRAM at once, for streams that
-// read every byte of it soon (the key rows of the decode kernels); with all 16 bytes valid, or zero-filling.
-__device__ __forceinline__ void cp_async_16_fetch_256(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+// An L2 cache policy whose lines are the first evicted: for data read once, so that it does not push out what is
+// read again (1-6% faster decode reads on the H200).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
 
-__device__ __forceinline__ void cp_async_16_fetch_256(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+// cp_async_16 for a stream read once (the key rows of the decode kernels), under an L2 `policy`, asking L2 to fetch the
+// whole 128-byte line around `src` from DRAM at once; with all 16 bytes valid, or zero-filling. With evict_first, the
+// 128-byte fetch read 0.5-2% faster than a 256-byte one and 2-3% faster than fetching on demand (H200).
+__device__ __forceinline__ void cp_async_16_stream(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "l"(policy)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_16_stream(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
 
