@@ -393,6 +393,17 @@ int main(int argc, char** argv) {
       printf(" %8.0f (%3lld)%s", gbps, (long long)splits, ok ? "" : "!");
     }
     printf("\n");
+    // The lanes kernel's head dims (64 and 256; the sweep's variants are the rows kernel's): the production plan only.
+    for (const Bench& other : {Bench{{bf16, 8, 32768, 1, 32, 8, 64, 0, -1, 0}, "8x32k D=64", 0},
+                               Bench{{bf16, 1, 131072, 1, 32, 8, 64, 0, -1, 0}, "1x131k D=64", 0},
+                               Bench{{bf16, 8, 32768, 1, 32, 8, 256, 0, -1, 0}, "8x32k D=256", 0},
+                               Bench{{bf16, 1, 131072, 1, 32, 8, 256, 0, -1, 0}, "1x131k D=256", 0}}) {
+      int64_t splits;
+      bool ok;
+      const double gbps = bench_gbps(other.c, nullptr, &splits, &ok, gen);
+      if (!ok) ++failures;
+      printf("production plan, %-14s %8.0f (%3lld)%s\n", other.label, gbps, (long long)splits, ok ? "" : " WRONG");
+    }
 
     // The three best variants again with the combine launched as a programmatic dependent ("/pdl").
     std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
