@@ -28,9 +28,10 @@
 
 namespace jax_flash::cuda_kernels::decode {
 
-using tensor_core::cp_async_16;
+using tensor_core::cp_async_16_stream;
 using tensor_core::cp_async_commit;
 using tensor_core::cp_async_wait;
+using tensor_core::l2_evict_first_policy;
 using tensor_core::mma_16816;
 using tensor_core::shared_address;
 
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
   const int warp_tiles = tiles > warp ? (tiles - warp - 1) / kWarps + 1 : 0;
   auto tile_start = [&](int i) { return keys.key_begin + (warp + i * kWarps) * kTileKeys; };
 
+  const uint64_t policy = l2_evict_first_policy();  // K and V are read once
   // Slots of a tile: K chunk c of key 8n + g (n-tile n) at n * kChunksK + c, columns (4c + t) * 8; V chunk w of key
   // 2t + (q % 2) + 8 * (q / 2) at 2 * kChunksK + q * kChunksV + w, columns (8w + g) * 8.
   auto issue = [&](int i) {
@@ -87,7 +89,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       for (int c = 0; c < kChunksK; ++c) {
         const int key = 8 * n + g, col = (4 * c + t) * 8;
         const bool valid = j0 + key < keys.key_end && col < d;
-        cp_async_16(shared_address(dst + (n * kChunksK + c) * 32), valid ? k_cache + base + key * key_stride + col : k_cache, valid);
+        cp_async_16_stream(shared_address(dst + (n * kChunksK + c) * 32),
+                           valid ? k_cache + base + key * key_stride + col : k_cache, valid, policy);
       }
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -95,8 +98,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) decode_mma_kernel(DecodeParams
       for (int w = 0; w < kChunksV; ++w) {
         const int key = 2 * t + q % 2 + 8 * (q / 2), col = (8 * w + g) * 8;
         const bool valid = j0 + key < keys.key_end && col < d;
-        cp_async_16(shared_address(dst + (2 * kChunksK + q * kChunksV + w) * 32),
-                    valid ? v_cache + base + key * key_stride + col : v_cache, valid);
+        cp_async_16_stream(shared_address(dst + (2 * kChunksK + q * kChunksV + w) * 32),
+                           valid ? v_cache + base + key * key_stride + col : v_cache, valid, policy);
       }
   };
 
