@@ -1,8 +1,8 @@
 """Decode benchmark: one new token per sequence against a full KV cache, jax_flash beside its peers.
 
-    python -m jax_flash.bench_decode [--json out.json] [--reps N]
+    python -m jax_flash.bench_decode [--json out.json] [--reps N] [--head-dim D]
 
-GQA 32 query / 8 kv heads, head_dim 128, bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
+GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
 (64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` dependent steps
 (each step's query depends on the previous output, so no step can be skipped or hoisted) in one jitted program,
 which leaves Python dispatch out of the time, timed two ways:
@@ -91,19 +91,19 @@ def _time(fn, args, reps: int, unrolled: bool, repeats: int = 5) -> float:
     return best
 
 
-def run_case(batch: int, length: int, dtype, impls, reps: dict, rng) -> list[dict]:
+def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: int = HEAD_DIM) -> list[dict]:
     """One cache shape, every implementation; `reps` maps each timing to its number of steps. An implementation that
     fails or answers wrong gets an `error` and no timing."""
     device = jax.devices()[0]
     make = lambda *shape: jax.device_put(jnp.asarray(rng.standard_normal(shape), dtype), device)  # noqa: E731
-    q = make(batch, 1, HEADS_Q, HEAD_DIM)
-    k, v = make(batch, length, HEADS_KV, HEAD_DIM), make(batch, length, HEADS_KV, HEAD_DIM)
+    q = make(batch, 1, HEADS_Q, head_dim)
+    k, v = make(batch, length, HEADS_KV, head_dim), make(batch, length, HEADS_KV, head_dim)
     n = jax.device_put(jnp.full((batch,), length, jnp.int32), device)
-    kv_bytes = 2 * batch * length * HEADS_KV * HEAD_DIM * jnp.dtype(dtype).itemsize
+    kv_bytes = 2 * batch * length * HEADS_KV * head_dim * jnp.dtype(dtype).itemsize
     expected = np.asarray(jax.jit(impls["jax.nn xla"])(q, k, v, n), np.float32)
     records = []
     for name, fn in impls.items():
-        record = dict(batch=batch, length=length, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=HEAD_DIM,
+        record = dict(batch=batch, length=length, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=head_dim,
                       dtype=jnp.dtype(dtype).name, implementation=name)
         try:
             err = float(np.max(np.abs(np.asarray(jax.jit(fn)(q, k, v, n), np.float32) - expected)))
@@ -120,7 +120,7 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng) -> list[dic
         shown = record.get("error") or "  ".join(
             [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s" for timing in TIMINGS]
             + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
-        print(f"B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
+        print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
     return records
 
 
@@ -129,15 +129,17 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the records to this file")
     parser.add_argument("--reps", type=int, default=None,
                         help="steps per timed program (default: loop 50 and unrolled 20 on a GPU, 5 on the CPU)")
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help=f"head dim of every case (default {HEAD_DIM})")
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     cases, dtype = (GPU_CASES, jnp.bfloat16) if on_gpu else (CPU_CASES, jnp.float32)
     reps = dict(loop=args.reps or (50 if on_gpu else 5), unrolled=args.reps or (20 if on_gpu else 5))
-    print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, "
+    print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {args.head_dim}, "
           f"{jnp.dtype(dtype).name}, steps per timing {reps}", flush=True)
     impls = _implementations(on_gpu)
     rng = np.random.default_rng(0)
-    records = [r for batch, length in cases for r in run_case(batch, length, dtype, impls, reps, rng)]
+    records = [r for batch, length in cases
+               for r in run_case(batch, length, dtype, impls, reps, rng, args.head_dim)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, records=records), f, indent=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,6 +22,16 @@ def test_every_implementation_gets_both_timings():
         for timing in bench_decode.TIMINGS:
             assert r[f"us_{timing}"] > 0
             assert r[f"gb_per_s_{timing}"] == pytest.approx(kv_bytes / r[f"us_{timing}"] / 1e3)
+
+
+def test_head_dim_sets_the_shapes_and_the_bytes(tmp_path):
+    out = tmp_path / "d64.json"
+    bench_decode.main(["--head-dim", "64", "--reps", "1", "--json", str(out)])
+    records = json.loads(out.read_text())["records"]
+    assert records and {r["head_dim"] for r in records} == {64}
+    for r in records:
+        kv_bytes = 2 * r["batch"] * r["length"] * r["heads_kv"] * 64 * 4
+        assert r["gb_per_s_loop"] == pytest.approx(kv_bytes / r["us_loop"] / 1e3)
 
 
 def test_a_wrong_answer_is_reported_and_not_timed():

@@ -73,6 +73,11 @@ CASES = [
     (4, 93, 1, 8, 8, 64, "float32", {"local_window_size": (30, 3)}),
     (4, 66, 3, 4, 1, 96, "float32", {"softcap": 2.5}),
     (4, 66, 2, 8, 2, 128, "float16", {"softcap": 5.0, "local_window_size": 17}),
+    # CUDA stages rows 64, 128 or 256 wide: head dims below each width, and keys split across blocks
+    (3, 150, 2, 8, 2, 32, "bfloat16", {}),
+    (3, 120, 4, 8, 2, 48, "float16", {"local_window_size": 20}),
+    (2, 2100, 1, 16, 4, 200, "float16", {"softcap": 10.0}),
+    (2, 3000, 1, 8, 2, 256, "bfloat16", {}),
 ]
 
 

@@ -1,5 +1,6 @@
-// The online softmax both tensor-core split kernels run per warp over 16-key tiles, in the accumulator layout of
-// mma.sync m16n8k16: lane (g, t) holds packed rows g and g + 8, and of each 8-key n-tile the keys 2t and 2t + 1.
+// The online softmax the tensor-core split kernel (decode_split_rows.cuh) runs per warp over 16-key tiles, in the
+// accumulator layout of mma.sync m16n8k16: lane (g, t) holds packed rows g and g + 8, and of each 8-key n-tile the
+// keys 2t and 2t + 1.
 #pragma once
 
 #include <cmath>

@@ -1,7 +1,6 @@
-// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_rows.cuh (fp16/bf16 at head
-// dims 65..128; its pipeline depth is DecodeTuning::kernel), decode_split_mma.cuh (fp16/bf16 at the other head dims;
-// both on tensor cores) and decode_split_simt.cuh (float32, CUDA cores); all are bound by memory bandwidth, so the
-// plan's job is to give every SM enough blocks:
+// Split-KV decode (flash-decoding): planning and launch. The kernels are in decode_split_rows.cuh (fp16/bf16, tensor
+// cores; its block shape is DecodeTuning::kernel) and decode_split_simt.cuh (float32, CUDA cores); both are bound by
+// memory bandwidth, so the plan's job is to give every SM enough blocks:
 //
 // * A block owns (split, kv head, pass of packed rows, sequence). Packed rows are all query heads of the kv head at
 //   every new position, so each K/V row is read once for all of them.
@@ -14,7 +13,6 @@
 
 #include "decode_combine.cuh"
 #include "decode_cuda.h"
-#include "decode_split_mma.cuh"
 #include "decode_split_rows.cuh"
 #include "decode_split_simt.cuh"
 #include "device_attribute.h"
@@ -75,16 +73,6 @@ struct Instance {
   }
 };
 
-template <typename Element, int kChunksK, int kChunksV, int kWarps, int kStages>
-struct MmaFunction {
-  static constexpr auto function = decode_mma_kernel<Element, kChunksK, kChunksV, kWarps, kStages>;
-};
-
-template <typename Element, int kChunksK, int kChunksV, int kWarps, int kStages>
-using Mma = Instance<Element, kMmaRows, kWarps * 32,
-                     MmaKernel<Element, kChunksK, kChunksV, kWarps, kStages>::kSharedBytes,
-                     MmaFunction<Element, kChunksK, kChunksV, kWarps, kStages>>;
-
 template <typename Element, int kWidth, int kWarps, int kStages>
 struct RowsFunction {
   static constexpr auto function = decode_rows_kernel<Element, kWidth, kWarps, kStages>;
@@ -102,22 +90,28 @@ struct SimtFunction {
 template <int kLanes, int kChunks, int kRows>
 using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunks, kRows>>;
 
-// Calls visit(Instance{}) with the instance for p's dtype and head_dim. The lanes kernel's shapes keep about 64 KiB
-// of K/V per block in flight or staged (and under the 99 KiB a block may use on sm_86/sm_89); at head dims 65..128
-// the rows kernel runs, 2 or 3 tiles deep (the harness's sweep).
-template <typename Element, typename Visitor>
-cudaError_t visit_mma(int64_t d, DecodeKernel kernel, Visitor&& visit) {
-  if (d <= 64) return visit(Mma<Element, 2, 1, 4, 4>{});
-  if (d <= 128) {
-    switch (kernel) {
-      case DecodeKernel::kRows2: return visit(Rows<Element, 128, 4, 2>{});
-      case DecodeKernel::kRows3: return visit(Rows<Element, 128, 4, 3>{});
-      case DecodeKernel::kRows3Warps8: return visit(Rows<Element, 128, 8, 3>{});
-      case DecodeKernel::kCount: break;
-    }
-    return cudaErrorInvalidValue;
+// Calls visit(Instance{}) with the rows kernel of `kernel`'s shape at kWidth, the head dims up to which it stages
+// rows (64, 128 or 256; narrower head dims zero-fill the columns past them). The shapes keep 2 or 3 tiles per warp
+// (55-210 KiB per block); the wide one is the most warps per SM whose tiles fit in one block (8 up to head dim 128,
+// 6 at 256).
+template <typename Element, int kWidth, typename Visitor>
+cudaError_t visit_rows(DecodeKernel kernel, Visitor&& visit) {
+  constexpr int kWideWarps = kWidth <= 128 ? 8 : 6, kWideStages = kWidth <= 128 ? 3 : 2;
+  switch (kernel) {
+    case DecodeKernel::kRows2: return visit(Rows<Element, kWidth, 4, 2>{});
+    case DecodeKernel::kRows3: return visit(Rows<Element, kWidth, 4, 3>{});
+    case DecodeKernel::kWide: return visit(Rows<Element, kWidth, kWideWarps, kWideStages>{});
+    case DecodeKernel::kNarrow: return visit(Rows<Element, kWidth, 2, 2>{});
+    case DecodeKernel::kCount: break;
   }
-  if (d <= 256) return visit(Mma<Element, 8, 4, 2, 2>{});
+  return cudaErrorInvalidValue;
+}
+
+template <typename Element, typename Visitor>
+cudaError_t visit_tensor_core(int64_t d, DecodeKernel kernel, Visitor&& visit) {
+  if (d <= 64) return visit_rows<Element, 64>(kernel, visit);
+  if (d <= 128) return visit_rows<Element, 128>(kernel, visit);
+  if (d <= 256) return visit_rows<Element, 256>(kernel, visit);
   return cudaErrorInvalidValue;
 }
 
@@ -133,8 +127,8 @@ template <typename Visitor>
 cudaError_t visit_instance(const DecodeParams& p, DecodeKernel kernel, Visitor&& visit) {
   const int64_t d = p.cache.head_dim;
   switch (p.dtype) {
-    case DType::kFloat16: return visit_mma<__half>(d, kernel, visit);
-    case DType::kBFloat16: return visit_mma<__nv_bfloat16>(d, kernel, visit);
+    case DType::kFloat16: return visit_tensor_core<__half>(d, kernel, visit);
+    case DType::kBFloat16: return visit_tensor_core<__nv_bfloat16>(d, kernel, visit);
     case DType::kFloat32:
       if (d <= 32) return visit_simt_rows<8, 1>(p, visit);
       if (d <= 64) return visit_simt_rows<16, 1>(p, visit);
@@ -180,26 +174,31 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
     *fit = needed <= static_cast<size_t>(shared_limit);
     return status;
   };
-  // rows3 needs more shared memory per block than some GPUs allow (106 KiB; sm_86 and sm_89 stop at 99 KiB): there
-  // the shallower rows2 runs instead. Programmatic dependent launch exists from sm_90 on.
+  // rows3 needs more shared memory per block than some GPUs allow (106 KiB at head dim 128: sm_86 and sm_89 stop at
+  // 99 KiB; 210 KiB at 256: sm_80 stops at 163): there the shallower rows2 runs, or the 2-warp narrow blocks where
+  // even rows2 does not fit. Programmatic dependent launch exists from sm_90 on.
   DecodeTuning tuning = kDefaultDecodeTuning;
   int major = 0;
   if (cudaError_t status = cuda_kernels::device_attribute<cudaDevAttrComputeCapabilityMajor>(&major);
       status != cudaSuccess)
     return status;
   tuning.overlap_combine = tuning.overlap_combine && major >= 9;
-  bool fit = false;
-  if (cudaError_t status = fits(tuning.kernel, &fit); status != cudaSuccess) return status;
-  if (!fit) tuning.kernel = DecodeKernel::kRows2;
+  for (DecodeKernel kernel : {tuning.kernel, DecodeKernel::kRows2, DecodeKernel::kNarrow}) {  // narrow: <= 72 KiB
+    tuning.kernel = kernel;
+    bool fit = false;
+    if (cudaError_t status = fits(kernel, &fit); status != cudaSuccess) return status;
+    if (fit) break;
+  }
   if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, plan);
       status != cudaSuccess || plan->splits == 1)
     return status;
-  // The key range is split: one block of 8 warps per SM (rows3x8w) then fills the GPU with half the splits and reads
-  // 1-4% faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k); where the blocks fill the GPU unsplit, two blocks of 4 warps
-  // per SM (rows3) read 2-5% faster (64 x 8k, 128 x 2k), so rows3's plan stays if rows3x8w's would not split.
+  // The key range is split: the wide blocks (one or two per SM) then fill the GPU with fewer splits and read 1-4%
+  // faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k at head dim 128); where the blocks fill the GPU unsplit, blocks of 4
+  // warps (rows3) read 2-5% faster (64 x 8k, 128 x 2k), so rows3's plan stays if the wide one would not split.
   if (tuning.kernel != DecodeKernel::kRows3) return cudaSuccess;
-  if (cudaError_t status = fits(DecodeKernel::kRows3Warps8, &fit); status != cudaSuccess || !fit) return status;
-  tuning.kernel = DecodeKernel::kRows3Warps8;
+  bool fit = false;
+  if (cudaError_t status = fits(DecodeKernel::kWide, &fit); status != cudaSuccess || !fit) return status;
+  tuning.kernel = DecodeKernel::kWide;
   DecodePlan wide{};
   if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, &wide); status != cudaSuccess) return status;
   if (wide.splits > 1) *plan = wide;

@@ -1,8 +1,9 @@
-// The fp16/bf16 split kernel for head dims 65..128 (the default there): each warp stages whole key rows of K and V in
-// shared memory with cp.async and reads its mma operands from them with ldmatrix.
+// The fp16/bf16 split kernel: each warp stages whole key rows of K and V in shared memory with cp.async and reads its
+// mma operands from them with ldmatrix. kWidth (64, 128 or 256) is the head dim the rows are staged for; narrower
+// head dims zero-fill the columns past them.
 //
-// * Packed rows (all query heads of one kv head at every new position, up to 16) are the M = 16 rows of m16n8k16, as
-//   in the lanes kernel (decode_split_mma.cuh), and the online softmax is the same (decode_softmax.cuh).
+// * Packed rows (all query heads of one kv head at every new position, up to 16) are the M = 16 rows of m16n8k16, and
+//   the online softmax keeps its state per warp (decode_softmax.cuh).
 // * Rows are padded by 16 bytes, so the 8 rows of an ldmatrix fall in distinct banks without a swizzle. K is read as
 //   the "col" B operand of Q K^T directly, V transposed (ldmatrix.trans) for P V.
 // * The warps share one kv head: each runs its own kStages-deep pipeline of 16-key tiles (tiles warp, warp + kWarps,
@@ -34,8 +35,10 @@ struct RowsKernel {
   static constexpr size_t kPipeBytes = sizeof(Element) * kTileElements * kWarps * kStages;
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * 16 * kWidth;  // warps' outputs, over the drained pipe
   static constexpr size_t kSharedBytes = kQueryBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
-  // Blocks that fit an sm_90 SM's 227 KiB (1 KiB reserved per block), for the register bound of __launch_bounds__.
-  static constexpr int kMinBlocks = (227 * 1024) / (kSharedBytes + 2048) < 1 ? 1 : (227 * 1024) / (kSharedBytes + 2048);
+  // Blocks that fit an sm_90 SM's 227 KiB (1 KiB reserved per block), for the register bound of __launch_bounds__;
+  // at most 4, so that blocks of 4 warps may use 128 registers a thread (rows2 at head dim 64 spilled with 5).
+  static constexpr int kFitting = (227 * 1024) / (kSharedBytes + 2048);
+  static constexpr int kMinBlocks = kFitting < 1 ? 1 : (kFitting > 4 ? 4 : kFitting);
 };
 
 template <typename Element, int kWidth, int kWarps, int kStages>

@@ -5,11 +5,12 @@
 
 namespace jax_flash {
 
-// The fp16/bf16 kernel for head dims 65..128 (other head dims and float32 always take their one shape): the rows
-// kernel (decode_split_rows.cuh) with a per-warp pipeline 2 or 3 tiles of 16 keys deep, in blocks of 4 warps
-// (2 blocks per SM on sm_90) or, rows3x8w, of 8 (one block per SM; it fills the GPU with half as many splits).
-// rows2 is for GPUs whose blocks may not use the shared memory of rows3 (sm_86, sm_89: 99 KiB).
-enum class DecodeKernel : int { kRows2, kRows3, kRows3Warps8, kCount };
+// The block shape of the fp16/bf16 rows kernel (decode_split_rows.cuh; float32 always takes its one shape): a per-warp
+// pipeline 2 or 3 tiles of 16 keys deep in blocks of 4 warps (rows2, rows3: 2 blocks per SM on sm_90 at head dim
+// 128); the wide blocks of the most warps whose tiles fit one block (8 warps 3 deep up to head dim 128, 6 warps 2
+// deep at 256: one block per SM fills the GPU with fewer splits); and the narrow blocks of 2 warps 2 deep, for GPUs
+// whose blocks may use too little shared memory for rows2 (sm_86 and sm_89 at head dims above 128: 99 KiB).
+enum class DecodeKernel : int { kRows2, kRows3, kWide, kNarrow, kCount };
 
 struct DecodeTuning {
   DecodeKernel kernel;
@@ -25,12 +26,12 @@ struct DecodeTuning {
 };
 
 // rows3, splits fastest, one wave, the combine launched as a programmatic dependent: the best score of the H200 sweep
-// of 2026-12-04 (docs/benchmarks.md). plan_decode swaps in rows3x8w where the key range must be split, and rows2
-// where rows3 does not fit.
+// of 2026-12-04 (docs/benchmarks.md). plan_decode swaps in the wide blocks where the key range must be split, and
+// rows2 or the narrow blocks where rows3 does not fit.
 constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, true};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
-  constexpr const char* kNames[] = {"rows2", "rows3", "rows3x8w"};
+  constexpr const char* kNames[] = {"rows2", "rows3", "wide", "narrow"};
   return kNames[static_cast<int>(kernel)];
 }
 

@@ -3,12 +3,13 @@
 //    paged caches; ragged lengths with NaN poison past each length, so any read past a sequence's end shows;
 //    GQA/MQA/MHA; q_len up to 16; window; softcap; head dims 32 to 256; one split and many), with the production plan;
 // 2. the device-copy bandwidth (cudaMemcpyAsync device to device of 1 GiB), against which the targets are set;
-// 3. for each kernel of DecodeTuning (rows2, rows3, rows3x8w): the fp16/bf16 cases at head dims 65..128 again, then
-//    GB/s of K+V read on the issue-6 benchmark cases for each grid order x wave count, one row per variant with a
+// 3. for each block shape of DecodeTuning (rows2, rows3, wide, narrow): the fp16/bf16 cases again, then GB/s of K+V
+//    read on the issue-6 benchmark cases (head dim 128) for each grid order x wave count, one row per variant with a
 //    score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of that for the paged
-//    cache; every timed output is checked too), and a row for the production plan (plan_decode); the three best
-//    again with the combine launched as a programmatic dependent ("/pdl"); then the fastest variant per case and, on
-//    the last line, the best-scoring variant among the correct ones: what kDefaultDecodeTuning should be.
+//    cache; every timed output is checked too), and a row for the production plan (plan_decode), which is also timed
+//    at head dims 64 and 256; the three best again with the combine launched as a programmatic dependent ("/pdl");
+//    then the fastest variant per case and, on the last line, the best-scoring variant among the correct ones: what
+//    kDefaultDecodeTuning should be.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
@@ -298,7 +299,9 @@ int main(int argc, char** argv) {
       {f16, 2, 3000, 16, 16, 1, 256, 0, 500, 30.f}, {f16, 4, 200, 7, 8, 2, 120, 32, -1, 0},
       {f32, 4, 77, 1, 32, 8, 128, 0, -1, 0},       {f32, 3, 96, 1, 8, 1, 256, 16, -1, 0},
       {f32, 4, 61, 16, 4, 1, 64, 0, -1, 0},        {f32, 5, 128, 2, 64, 8, 128, 32, 40, 5.f},
-      {f32, 1, 20000, 1, 32, 8, 32, 0, -1, 0}};
+      {f32, 1, 20000, 1, 32, 8, 32, 0, -1, 0},     {bf16, 3, 333, 2, 8, 2, 32, 0, -1, 0},
+      {bf16, 2, 2500, 1, 32, 8, 200, 32, -1, 0},   {f16, 3, 150, 3, 6, 3, 48, 16, 60, 0},
+      {f16, 2, 1500, 1, 16, 4, 136, 0, -1, 10.f}};
   int failures = 0;
   if (!profile_label)
     for (const Case& c : checks) failures += !check_case(c, nullptr, true, gen);
@@ -317,14 +320,14 @@ int main(int argc, char** argv) {
   std::vector<std::pair<double, DecodeTuning>> scored;  // correct variants and their scores
   std::vector<std::pair<double, std::string>> fastest(kShapes, {0.0, "none"});
 
-  // Runs the check cases a tuning serves (fp16/bf16, head dims 65..128; the two longest, whose host reference takes
+  // Runs the check cases a tuning serves (fp16/bf16; the two longest, whose host reference takes
   // seconds, only with the production plan) and prints one line; true if all passed.
   auto check_tuning = [&](const DecodeTuning& tuning) {
     printf("checks %-30s: ", variant_name(tuning).c_str());
     fflush(stdout);  // names the variant should it fail a CUDA call
     int run = 0, passed = 0;
     for (const Case& c : checks) {
-      if (c.dtype == f32 || c.d <= 64 || c.d > 128 || c.max_len > 10000) continue;
+      if (c.dtype == f32 || c.max_len > 10000) continue;
       ++run, passed += check_case(c, &tuning, false, gen);
     }
     failures += run - passed;
@@ -393,7 +396,7 @@ int main(int argc, char** argv) {
       printf(" %8.0f (%3lld)%s", gbps, (long long)splits, ok ? "" : "!");
     }
     printf("\n");
-    // The lanes kernel's head dims (64 and 256; the sweep's variants are the rows kernel's): the production plan only.
+    // Head dims 64 and 256 (the sweep's are 128): the production plan only.
     for (const Bench& other : {Bench{{bf16, 8, 32768, 1, 32, 8, 64, 0, -1, 0}, "8x32k D=64", 0},
                                Bench{{bf16, 1, 131072, 1, 32, 8, 64, 0, -1, 0}, "1x131k D=64", 0},
                                Bench{{bf16, 8, 32768, 1, 32, 8, 256, 0, -1, 0}, "8x32k D=256", 0},
