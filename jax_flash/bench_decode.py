@@ -10,7 +10,7 @@ which leaves Python dispatch out of the time, timed two ways:
 * loop: a rolled `lax.fori_loop`, as a generation loop runs; every step also pays the loop's control, which on a GPU
   can cost more than a short decode call.
 * unrolled: the steps written out one after another, as the layers of one decode step of a model are; XLA can
-  capture them into one command buffer (CUDA graph), so this is the closest to the kernels' own time.
+  capture them into one command buffer (CUDA graph) where every custom call among them allows it.
 
 Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
 x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when

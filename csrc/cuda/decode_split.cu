@@ -92,7 +92,7 @@ using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunk
 
 // Calls visit(Instance{}) with the rows kernel of `kernel`'s shape at kWidth, the head dims up to which it stages
 // rows (64, 128 or 256; narrower head dims zero-fill the columns past them). The shapes keep 2 or 3 tiles per warp
-// (55-210 KiB per block); the wide one is the most warps per SM whose tiles fit in one block (8 up to head dim 128,
+// (22-202 KiB per block); the wide one is the most warps per SM whose tiles fit in one block (8 up to head dim 128,
 // 6 at 256).
 template <typename Element, int kWidth, typename Visitor>
 cudaError_t visit_rows(DecodeKernel kernel, Visitor&& visit) {
@@ -175,7 +175,7 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
     return status;
   };
   // rows3 needs more shared memory per block than some GPUs allow (106 KiB at head dim 128: sm_86 and sm_89 stop at
-  // 99 KiB; 210 KiB at 256: sm_80 stops at 163): there the shallower rows2 runs, or the 2-warp narrow blocks where
+  // 99 KiB; 202 KiB at 256: sm_80 stops at 163): there the shallower rows2 runs, or the 2-warp narrow blocks where
   // even rows2 does not fit. Programmatic dependent launch exists from sm_90 on.
   DecodeTuning tuning = kDefaultDecodeTuning;
   int major = 0;
@@ -183,7 +183,7 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
       status != cudaSuccess)
     return status;
   tuning.overlap_combine = tuning.overlap_combine && major >= 9;
-  for (DecodeKernel kernel : {tuning.kernel, DecodeKernel::kRows2, DecodeKernel::kNarrow}) {  // narrow: <= 72 KiB
+  for (DecodeKernel kernel : {tuning.kernel, DecodeKernel::kRows2, DecodeKernel::kNarrow}) {  // narrow: <= 70 KiB
     tuning.kernel = kernel;
     bool fit = false;
     if (cudaError_t status = fits(kernel, &fit); status != cudaSuccess) return status;
