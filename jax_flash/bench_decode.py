@@ -1,6 +1,6 @@
 """Decode benchmark: one new token per sequence against a full KV cache, jax_flash beside its peers.
 
-    python -m jax_flash.bench_decode [--json out.json] [--reps N] [--head-dim D]
+    python -m jax_flash.bench_decode [--json out.json] [--plot out.png] [--reps N] [--head-dim D]
 
 GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
 (64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` dependent steps
@@ -14,8 +14,8 @@ which leaves Python dispatch out of the time, timed two ways:
 
 Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
 x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when
-importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's flash_mha. Every result is
-checked against jax.nn's xla output first.
+importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's flash_mha, and jax_flash's
+ratio to the fastest peer (the peer's time / jax_flash's). Every result is checked against jax.nn's xla output first.
 """
 
 from __future__ import annotations
@@ -121,12 +121,57 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
             [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s" for timing in TIMINGS]
             + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
         print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
+    _compare_to_peers(records)
     return records
+
+
+def _compare_to_peers(records: list[dict]) -> None:
+    """Adds to jax_flash's record, per timing, the fastest peer and its time / jax_flash's time, and prints them."""
+    ours = next((r for r in records if r["implementation"] == "jax_flash"), None)
+    if ours is None or "error" in ours:
+        return
+    shown = []
+    for timing in TIMINGS:
+        timed = [r for r in records if r is not ours and f"us_{timing}" in r]
+        if not timed:
+            continue
+        best = min(timed, key=lambda r: r[f"us_{timing}"])
+        ours[f"best_peer_{timing}"] = best["implementation"]
+        ours[f"ratio_to_best_peer_{timing}"] = best[f"us_{timing}"] / ours[f"us_{timing}"]
+        shown.append(f"{timing} {ours[f'ratio_to_best_peer_{timing}']:.2f}x ({best['implementation']})")
+    if shown:
+        print(f"{'':31s}jax_flash vs the fastest peer: {'  '.join(shown)}", flush=True)
+
+
+def plot(records: list[dict], path: str) -> None:
+    """GB/s of K+V read per case and implementation, one panel per timing (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    label = lambda r: f"B{r['batch']} L{r['length']} D{r['head_dim']}"  # noqa: E731
+    labels = list(dict.fromkeys(label(r) for r in records))
+    impls = list(dict.fromkeys(r["implementation"] for r in records))
+    fig, axes = plt.subplots(1, len(TIMINGS), figsize=(7 * len(TIMINGS), 4), squeeze=False)
+    width = 0.8 / len(impls)
+    for ax, timing in zip(axes[0], TIMINGS):
+        for n, impl in enumerate(impls):
+            by_label = {label(r): r.get(f"gb_per_s_{timing}", np.nan) for r in records if r["implementation"] == impl}
+            ax.bar(np.arange(len(labels)) + n * width, [by_label.get(case, np.nan) for case in labels], width,
+                   label=impl)
+        ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=30, ha="right")
+        ax.set_ylabel("GB/s of K+V read")
+        ax.set_title(f"decode, {timing}, on {jax.devices()[0].device_kind}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the records to this file")
+    parser.add_argument("--plot", help="write a GB/s bar chart to this PNG (needs matplotlib)")
     parser.add_argument("--reps", type=int, default=None,
                         help="steps per timed program (default: loop 50 and unrolled 20 on a GPU, 5 on the CPU)")
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help=f"head dim of every case (default {HEAD_DIM})")
@@ -143,6 +188,8 @@ def main(argv=None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, records=records), f, indent=1)
+    if args.plot:
+        plot(records, args.plot)
 
 
 if __name__ == "__main__":

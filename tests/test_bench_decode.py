@@ -25,13 +25,26 @@ def test_every_implementation_gets_both_timings():
 
 
 def test_head_dim_sets_the_shapes_and_the_bytes(tmp_path):
-    out = tmp_path / "d64.json"
-    bench_decode.main(["--head-dim", "64", "--reps", "1", "--json", str(out)])
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "d64.json", tmp_path / "d64.png"
+    bench_decode.main(["--head-dim", "64", "--reps", "1", "--json", str(out), "--plot", str(png)])
     records = json.loads(out.read_text())["records"]
     assert records and {r["head_dim"] for r in records} == {64}
     for r in records:
         kv_bytes = 2 * r["batch"] * r["length"] * r["heads_kv"] * 64 * 4
         assert r["gb_per_s_loop"] == pytest.approx(kv_bytes / r["us_loop"] / 1e3)
+    assert png.stat().st_size > 0
+
+
+def test_the_ratio_is_the_fastest_peers_time_over_ours():
+    records = [dict(implementation="jax_flash", us_loop=10.0, us_unrolled=8.0),
+               dict(implementation="a", us_loop=12.0, us_unrolled=6.0),
+               dict(implementation="b", us_loop=11.0, us_unrolled=9.0),
+               dict(implementation="c", error="RuntimeError: no")]
+    bench_decode._compare_to_peers(records)
+    ours = records[0]
+    assert ours["best_peer_loop"] == "b" and ours["ratio_to_best_peer_loop"] == pytest.approx(1.1)
+    assert ours["best_peer_unrolled"] == "a" and ours["ratio_to_best_peer_unrolled"] == pytest.approx(0.75)
 
 
 def test_a_wrong_answer_is_reported_and_not_timed():
