@@ -86,13 +86,17 @@ __device__ __forceinline__ int64_t out_row(const DecodeParams& p, int64_t b, int
   return (b * p.q_len + row / group) * p.heads_q + hk * group + row % group;
 }
 
-// Element offset of key j0 (a multiple of 16) of sequence b, kv head h: the tile's 16 keys follow with a stride of
-// heads_kv * head_dim. 32-bit division: positions are far below 2^31.
-__device__ __forceinline__ int64_t tile_offset(const PagedCache& c, int64_t b, int j0, int64_t h) {
+// A page id from the table, clamped to the pool: a bad table gives wrong values, never an out-of-bounds read.
+__device__ __forceinline__ int64_t clamped_page_id(const PagedCache& c, int64_t id) {
+  return id < 0 ? 0 : (id >= c.num_pages ? c.num_pages - 1 : id);
+}
+
+// Element offset of key j of sequence b, kv head h. 32-bit division: positions are far below 2^31, and the 64-bit
+// one costs several times more per key.
+__device__ __forceinline__ int64_t key_offset(const PagedCache& c, int64_t b, int j, int64_t h) {
   const int page_size = static_cast<int>(c.page_size);
-  int64_t id = c.page_table[b * c.pages_per_seq + j0 / page_size];
-  id = id < 0 ? 0 : (id >= c.num_pages ? c.num_pages - 1 : id);
-  return ((id * c.page_size + j0 % page_size) * c.heads_kv + h) * c.head_dim;
+  const int64_t id = clamped_page_id(c, c.page_table[b * c.pages_per_seq + j / page_size]);
+  return ((id * c.page_size + j % page_size) * c.heads_kv + h) * c.head_dim;
 }
 
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when the next kernel was launched normally): a split

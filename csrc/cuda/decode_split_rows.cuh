@@ -96,11 +96,9 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   // The id of page `index` (0 past the table, where no tile is left to issue), read when a tile enters the page but
   // used only when the next tile is issued, a step later, so that small pages do not stall a warp on the load.
   auto read_page_id = [&](int index) -> int32_t { return index < p.cache.pages_per_seq ? page_ids[index] : 0; };
-  // Element offset of the lane's first chunk on row 0 of a page. Page ids outside the pool are clamped: a bad table
-  // gives wrong values, never an out-of-bounds read.
+  // Element offset of the lane's first chunk on row 0 of a page (page ids outside the pool clamped).
   auto page_offset = [&](int64_t id) -> int64_t {
-    id = id < 0 ? 0 : (id >= p.cache.num_pages ? p.cache.num_pages - 1 : id);
-    return id * page_stride + lane_offset_in_row;
+    return clamped_page_id(p.cache, id) * page_stride + lane_offset_in_row;
   };
   int32_t page_id = read_page_id(page);
   bool page_entered = true;  // page_id is not yet in lane_page_offset

@@ -14,15 +14,6 @@ namespace jax_flash::cuda_kernels::decode {
 constexpr int kSimtThreads = 128;
 constexpr int kSimtUnroll = 2;  // keys per slot loaded before any is used, for memory-level parallelism
 
-// Element offset of key j of sequence b, kv head h. 32-bit division: positions are far below 2^31, and the 64-bit
-// one costs several times more per key.
-__device__ __forceinline__ int64_t key_offset(const PagedCache& c, int64_t b, int j, int64_t h) {
-  const int page_size = static_cast<int>(c.page_size);
-  int64_t id = c.page_table[b * c.pages_per_seq + j / page_size];
-  id = id < 0 ? 0 : (id >= c.num_pages ? c.num_pages - 1 : id);
-  return ((id * c.page_size + j % page_size) * c.heads_kv + h) * c.head_dim;
-}
-
 // The explicit minimum of one block per SM stops ptxas (sm_80) from capping registers at 128 and spilling.
 template <int kLanes, int kChunks, int kRows>
 __global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodeParams p, LaunchShape shape,
