@@ -118,8 +118,8 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
             record.update(error=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
         records.append(record)
         shown = record.get("error") or "  ".join(
-            [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s" for timing in TIMINGS]
-            + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
+            [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s"
+             for timing in TIMINGS] + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
         print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
     _compare_to_peers(records)
     return records
