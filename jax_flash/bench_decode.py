@@ -3,14 +3,17 @@
     python -m jax_flash.bench_decode [--json out.json] [--plot out.png] [--reps N] [--head-dim D]
 
 GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
-(64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation runs `reps` dependent steps
-(each step's query depends on the previous output, so no step can be skipped or hoisted) in one jitted program,
-which leaves Python dispatch out of the time, timed two ways:
+(64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation is timed three ways:
 
-* loop: a rolled `lax.fori_loop`, as a generation loop runs; every step also pays the loop's control, which on a GPU
-  can cost more than a short decode call.
-* unrolled: the steps written out one after another, as the layers of one decode step of a model are; XLA can
-  capture them into one command buffer (CUDA graph) where every custom call among them allows it.
+* call: `reps` back-to-back calls of the jitted implementation on the same inputs, one wait at the end, the way
+  the peers' decode numbers that the project set out to beat were measured; Python's dispatch of each call overlaps
+  the previous call's kernels, so it adds to the time only where a call is shorter than its dispatch.
+* loop: `reps` dependent steps (each step's query depends on the previous output, so no step can be skipped) in a
+  rolled `lax.fori_loop`, as a generation loop runs; every step also pays the loop's control, which on a GPU can cost
+  more than a short decode call. The cache is the same in every step, so XLA may hoist work on it (a relayout of K,
+  say) out of the loop, which a generation loop, whose cache changes each step, could not.
+* unrolled: the same steps written out one after another in one program, as the layers of one decode step of a
+  model are; XLA can capture them into one command buffer (CUDA graph) where every custom call among them allows it.
 
 Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
 x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when
@@ -59,29 +62,39 @@ def _implementations(on_gpu: bool):
     return impls
 
 
-def _steps(fn, reps: int, unrolled: bool):
-    """A jitted program of `reps` dependent decode steps, in a fori_loop or written out."""
+def _program(fn, reps: int, timing: str):
+    """A callable running `reps` decode steps of `fn` the way `timing` names (see the module docstring)."""
+    if timing == "call":
+        once = jax.jit(fn)
+
+        def calls(q, k, v, n):
+            for _ in range(reps):
+                out = once(q, k, v, n)
+            return out
+
+        return calls
 
     @jax.jit
-    def run(q, k, v, n):
+    def steps(q, k, v, n):
         step = lambda q: q + 1e-3 * fn(q, k, v, n).astype(q.dtype)  # noqa: E731
-        if not unrolled:
+        if timing == "loop":
             return jax.lax.fori_loop(0, reps, lambda _, q: step(q), q)
         for _ in range(reps):
             q = step(q)
         return q
 
-    return run
+    return steps
 
 
 # Largest |difference| from jax.nn's xla output accepted per dtype; the outputs are averages of unit normal values.
 TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4}
-TIMINGS = {"loop": False, "unrolled": True}  # timing name -> steps unrolled
+TIMINGS = ("call", "loop", "unrolled")
+GPU_REPS = dict(call=50, loop=50, unrolled=20)  # steps per timed program
 
 
-def _time(fn, args, reps: int, unrolled: bool, repeats: int = 5) -> float:
-    """Seconds per call: best of `repeats` timings of the jitted reps-step program."""
-    run = _steps(fn, reps, unrolled)
+def _time(fn, args, reps: int, timing: str, repeats: int = 5) -> float:
+    """Seconds per step: best of `repeats` timings of the reps-step program."""
+    run = _program(fn, reps, timing)
     run(*args).block_until_ready()  # compile and warm up
     best = math.inf
     for _ in range(repeats):
@@ -110,8 +123,8 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
             record["max_abs_diff_vs_xla"] = err
             if not err <= TOLERANCE[jnp.dtype(dtype).name]:
                 raise ValueError(f"wrong answer: max |diff| vs xla {err:.2e}")
-            for timing, unrolled in TIMINGS.items():
-                seconds = _time(fn, (q, k, v, n), reps[timing], unrolled)
+            for timing in TIMINGS:
+                seconds = _time(fn, (q, k, v, n), reps[timing], timing)
                 record[f"us_{timing}"] = seconds * 1e6
                 record[f"gb_per_s_{timing}"] = kv_bytes / seconds / 1e9
         except Exception as error:  # a peer that cannot run this case is reported, not fatal
@@ -173,12 +186,12 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the records to this file")
     parser.add_argument("--plot", help="write a GB/s bar chart to this PNG (needs matplotlib)")
     parser.add_argument("--reps", type=int, default=None,
-                        help="steps per timed program (default: loop 50 and unrolled 20 on a GPU, 5 on the CPU)")
+                        help=f"steps per timed program (default on a GPU: {GPU_REPS}; 5 on the CPU)")
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help=f"head dim of every case (default {HEAD_DIM})")
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     cases, dtype = (GPU_CASES, jnp.bfloat16) if on_gpu else (CPU_CASES, jnp.float32)
-    reps = dict(loop=args.reps or (50 if on_gpu else 5), unrolled=args.reps or (20 if on_gpu else 5))
+    reps = {timing: args.reps or (GPU_REPS[timing] if on_gpu else 5) for timing in TIMINGS}
     print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {args.head_dim}, "
           f"{jnp.dtype(dtype).name}, steps per timing {reps}", flush=True)
     impls = _implementations(on_gpu)
