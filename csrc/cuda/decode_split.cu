@@ -192,17 +192,15 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
   if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, plan);
       status != cudaSuccess || plan->splits == 1)
     return status;
-  // The key range is split: the wide blocks (one or two per SM) then fill the GPU with fewer splits and read 1-4%
-  // faster on the H200 (8 x 4k, 8 x 32k, 1 x 131k at head dim 128); where the blocks fill the GPU unsplit, blocks of 4
-  // warps (rows3) read 2-5% faster (64 x 8k, 128 x 2k), so rows3's plan stays if the wide one would not split.
+  // Where rows3 must split the key range, the wide blocks (one or two per SM) fill the GPU with fewer splits, or with
+  // none, and read faster on the H200: 1-4% at head dim 128 (8 x 4k, 8 x 32k, 1 x 131k), 6% and 14% at head dim 64
+  // (64 x 8k, 128 x 2k, where they need no split). Where rows3 fills the GPU unsplit, its blocks of 4 warps read 2-5%
+  // faster (64 x 8k, 128 x 2k at head dim 128).
   if (tuning.kernel != DecodeKernel::kRows3) return cudaSuccess;
   bool fit = false;
   if (cudaError_t status = fits(DecodeKernel::kWide, &fit); status != cudaSuccess || !fit) return status;
   tuning.kernel = DecodeKernel::kWide;
-  DecodePlan wide{};
-  if (cudaError_t status = plan_decode_tuned(p, tuning, workspace_limit, &wide); status != cudaSuccess) return status;
-  if (wide.splits > 1) *plan = wide;
-  return cudaSuccess;
+  return plan_decode_tuned(p, tuning, workspace_limit, plan);
 }
 
 cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning, size_t workspace_limit,
