@@ -1,6 +1,6 @@
 """Decode benchmark: one new token per sequence against a full KV cache, jax_flash beside its peers.
 
-    python -m jax_flash.bench_decode [--json out.json] [--plot out.png] [--reps N] [--head-dim D]
+    python -m jax_flash.bench_decode [--json out.json] [--plot out.png] [--reps N] [--head-dim D] [--cases BxL,...]
 
 GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache length) = (8, 4k), (8, 32k), (1, 131k),
 (64, 8k), (128, 2k) on a GPU, or a small float32 grid on the CPU. Each implementation is timed three ways:
@@ -18,7 +18,9 @@ GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache lengt
 Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
 x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when
 importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's flash_mha, and jax_flash's
-ratio to the fastest peer (the peer's time / jax_flash's). Every result is checked against jax.nn's xla output first.
+ratio to the fastest peer (the peer's time / jax_flash's), and the host's time to enqueue the steps (a timing where
+that is most of the time is marked host-bound: it measures Python and XLA's dispatch, not the GPU). Every result is
+checked against jax.nn's xla output first.
 """
 
 from __future__ import annotations
@@ -90,17 +92,21 @@ def _program(fn, reps: int, timing: str):
 TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4}
 TIMINGS = ("call", "loop", "unrolled")
 GPU_REPS = dict(call=50, loop=50, unrolled=20)  # steps per timed program
+HOST_BOUND = 0.9  # a timing whose enqueueing took this share of it is marked host-bound
 
 
-def _time(fn, args, reps: int, timing: str, repeats: int = 5) -> float:
-    """Seconds per step: best of `repeats` timings of the reps-step program."""
+def _time(fn, args, reps: int, timing: str, repeats: int = 5) -> tuple[float, float]:
+    """Seconds per step, and the host's seconds per step to enqueue them: the best of `repeats` timings of the
+    reps-step program. Where the second is near the first, the host, not the GPU, sets the pace."""
     run = _program(fn, reps, timing)
     run(*args).block_until_ready()  # compile and warm up
-    best = math.inf
+    best = (math.inf, math.inf)
     for _ in range(repeats):
         start = time.perf_counter()
-        run(*args).block_until_ready()
-        best = min(best, (time.perf_counter() - start) / reps)
+        out = run(*args)
+        enqueued = time.perf_counter()
+        out.block_until_ready()
+        best = min(best, ((time.perf_counter() - start) / reps, (enqueued - start) / reps))
     return best
 
 
@@ -124,14 +130,16 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
             if not err <= TOLERANCE[jnp.dtype(dtype).name]:
                 raise ValueError(f"wrong answer: max |diff| vs xla {err:.2e}")
             for timing in TIMINGS:
-                seconds = _time(fn, (q, k, v, n), reps[timing], timing)
+                seconds, host_seconds = _time(fn, (q, k, v, n), reps[timing], timing)
                 record[f"us_{timing}"] = seconds * 1e6
+                record[f"us_{timing}_host"] = host_seconds * 1e6
                 record[f"gb_per_s_{timing}"] = kv_bytes / seconds / 1e9
         except Exception as error:  # a peer that cannot run this case is reported, not fatal
             record.update(error=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
         records.append(record)
         shown = record.get("error") or "  ".join(
             [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s"
+             + (" (host-bound)" if record[f"us_{timing}_host"] > HOST_BOUND * record[f"us_{timing}"] else "")
              for timing in TIMINGS] + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
         print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
     _compare_to_peers(records)
@@ -181,6 +189,17 @@ def plot(records: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _cases(text: str) -> list[tuple[int, int]]:
+    """'8x4096,1x131072' -> [(8, 4096), (1, 131072)]."""
+    try:
+        cases = [tuple(int(n) for n in case.split("x")) for case in text.split(",")]
+    except ValueError:
+        cases = []
+    if not cases or any(len(case) != 2 or min(case) < 1 for case in cases):
+        raise argparse.ArgumentTypeError(f"expected batch x length pairs such as 8x4096,1x131072, got {text!r}")
+    return cases
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the records to this file")
@@ -188,9 +207,12 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=None,
                         help=f"steps per timed program (default on a GPU: {GPU_REPS}; 5 on the CPU)")
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help=f"head dim of every case (default {HEAD_DIM})")
+    parser.add_argument("--cases", type=_cases, default=None,
+                        help="batch x length pairs, e.g. 8x4096,1x131072 (default: the GPU or CPU grid)")
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     cases, dtype = (GPU_CASES, jnp.bfloat16) if on_gpu else (CPU_CASES, jnp.float32)
+    cases = args.cases or cases
     reps = {timing: args.reps or (GPU_REPS[timing] if on_gpu else 5) for timing in TIMINGS}
     print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {args.head_dim}, "
           f"{jnp.dtype(dtype).name}, steps per timing {reps}", flush=True)
