@@ -18,9 +18,10 @@ GQA 32 query / 8 kv heads, head_dim 128 (or D), bfloat16, at (batch, cache lengt
 Reported per timing: microseconds per call and the GB/s of K+V read (batch x length x kv_heads x head_dim x 2 tensors
 x itemsize / time), beside jax.nn.dot_product_attention (cudnn and xla, on a query of length 1) and, when
 importable, jax.experimental.pallas.ops.gpu.decode_attention.gqa and flash-attn3-jax's flash_mha, and jax_flash's
-ratio to the fastest peer (the peer's time / jax_flash's), and the host's time to enqueue the steps (a timing where
-that is most of the time is marked host-bound: it measures Python and XLA's dispatch, not the GPU). Every result is
-checked against jax.nn's xla output first.
+ratio to the fastest peer (the peer's time / jax_flash's), and the host's time until the steps were enqueued (a
+timing where that is most of the time is marked host-bound: it measures Python and XLA's dispatch, not the GPU; in
+the rolled loop it includes XLA's control of each step, which waits for the GPU). Every result is checked against
+jax.nn's xla output first.
 """
 
 from __future__ import annotations
