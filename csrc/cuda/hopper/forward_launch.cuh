@@ -15,6 +15,12 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
+// Whether a call's query rows hold several documents (segment ids, or positions that restart): then a query tile
+// that straddles a boundary masks every key tile of the earlier document element by element.
+inline bool has_document_boundaries(const TokenMask& tokens) {
+  return tokens.q_segment_ids != nullptr || tokens.q_positions != nullptr;
+}
+
 template <class Config>
 cudaError_t launch_forward_config(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {
   using Element = typename Config::Element;

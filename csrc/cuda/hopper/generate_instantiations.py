@@ -39,10 +39,12 @@ FORWARD_TILES = {
     256: ForwardTiles(128, 64, 2),
 }
 
-# Tiles that replace FORWARD_TILES' for calls with at least LONG_QUERIES query rows. At head dim 64 a third consumer
+# Tiles that replace FORWARD_TILES' for calls with at least LONG_QUERIES query rows and no document boundaries among
+# them (segment ids or positions; forward_launch.cuh's has_document_boundaries). At head dim 64 a third consumer
 # warpgroup (192 rows, as FlashAttention-3 tiles it) halves the share of each k/v load per row: on the H200 it ran
 # 7-14% faster at 4k and 16k queries (full and causal), as fast at 1k full, but 14% slower at 1k causal, where fewer,
-# taller tiles balance worse. The bound sits between those measured lengths.
+# taller tiles balance worse. The bound sits between those measured lengths. Packed documents keep 128 rows: a
+# 192-row tile straddles documents of lengths in 128s, and every key tile of its first document is then partial.
 LONG_QUERIES = 2048
 LONG_FORWARD_TILES = {
     64: ForwardTiles(192, 128, 2),
@@ -89,7 +91,7 @@ def forward_file(dtype: str, head_dim: int) -> str:
     body = f"  using Config = {forward_config(element, head_dim, FORWARD_TILES[head_dim])};\n"
     if head_dim in LONG_FORWARD_TILES:
         body += (f"  using LongQueriesConfig = {forward_config(element, head_dim, LONG_FORWARD_TILES[head_dim])};\n"
-                 f"  if (params.shape.seqlen_q >= {LONG_QUERIES}) {{\n"
+                 f"  if (params.shape.seqlen_q >= {LONG_QUERIES} && !has_document_boundaries(params.tokens)) {{\n"
                  "    return launch_forward_config<LongQueriesConfig>(params, workspace, stream);\n  }\n")
     body += "  return launch_forward_config<Config>(params, workspace, stream);"
     return f"""{HEADER}#include "../forward_launch.cuh"

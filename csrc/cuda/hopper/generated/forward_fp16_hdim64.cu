@@ -8,7 +8,7 @@ cudaError_t launch_forward<cutlass::half_t, 64>(const AttentionForwardParams& pa
                                                   cudaStream_t stream) {
   using Config = ForwardConfig<cutlass::half_t, 64, 128, 128, 2>;
   using LongQueriesConfig = ForwardConfig<cutlass::half_t, 64, 192, 128, 2>;
-  if (params.shape.seqlen_q >= 2048) {
+  if (params.shape.seqlen_q >= 2048 && !has_document_boundaries(params.tokens)) {
     return launch_forward_config<LongQueriesConfig>(params, workspace, stream);
   }
   return launch_forward_config<Config>(params, workspace, stream);
