@@ -17,10 +17,12 @@ that (benchmark.py's convention). A causal document of length L has L (L + 1) / 
 padded layouts share one count and dense causal counts S (S + 1) / 2. Every implementation's forward is checked per
 document against the float32 reference before it is timed; a wrong answer is reported on its rows, not raised.
 
---breakdown times jax_flash alone, causal, on the same q/k/v in six layouts that separate where packed documents lose
-time: the dense row, the row reshaped into a batch of `docs` equal rows, the same equal documents as segment_ids, one
-segment covering the row, lengths = S, and the random documents above. Each row's ratio is its TFLOP/s (visible work)
-over the dense row's. The CPU breakdown packs 4 documents, since 3 do not divide S = 512 into equal rows.
+--breakdown times jax_flash alone, causal, on the same q/k/v in seven layouts that separate where packed documents
+lose time: the dense row, the row reshaped into a batch of `docs` equal rows, the same equal documents as segment_ids,
+one segment covering the row, lengths = S, the random documents above, and each random document as a dense causal
+call of its own (the calls timed one by one and summed: dense attention on exactly the packed row's visible work).
+Each row's ratio is its TFLOP/s (visible work) over the dense row's. The CPU breakdown packs 4 documents, since 3 do
+not divide S = 512 into equal rows.
 """
 
 from __future__ import annotations
@@ -170,10 +172,10 @@ def _timed(attend, layout: Layout, part: str, min_seconds: float) -> float:
     return _time(fn, tuple(layout), min_seconds)
 
 
-def _timed_row_fields(attend, layout: Layout, part: str, min_seconds: float, flops: float) -> dict:
-    """A row's ms and tflops, or the error that stopped the timing."""
+def _timed_row_fields(attend, layouts: list[Layout], part: str, min_seconds: float, flops: float) -> dict:
+    """A row's ms and tflops (the layouts' calls timed one by one, added up), or the error that stopped the timing."""
     try:
-        seconds = _timed(attend, layout, part, min_seconds)
+        seconds = sum(_timed(attend, layout, part, min_seconds) for layout in layouts)
         return dict(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
     except Exception as e:
         return dict(error=_error_text(e))
@@ -211,7 +213,7 @@ def run_head_dim(grid: Grid, head_dim: int, lengths, parts, min_seconds: float, 
                        ms=None, tflops=None, ratio_to_dense=None, max_error=max_error, error=error)
             if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
                 flops = _visible_flops(heads, head_dim, [grid.seq] if name == DENSE else lengths, part)
-                row.update(_timed_row_fields(attend, layout, part, min_seconds, flops))
+                row.update(_timed_row_fields(attend, [layout], part, min_seconds, flops))
             rows.append(row)
     _add_ratios(rows, lambda r: r["impl"] == DENSE)
     return rows
@@ -220,12 +222,12 @@ def run_head_dim(grid: Grid, head_dim: int, lengths, parts, min_seconds: float, 
 class BreakdownCase(NamedTuple):
     name: str
     attend: Callable  # (q, k, v, mask) -> out, all jax_flash causal
-    layout: Layout
+    layouts: list[Layout]  # one call each, in the row's token order; their times add up
     documents: list  # the causal documents the row holds, in order: its visible work, and what the check masks by
 
 
 def _breakdown_cases(q, k, v, lengths) -> list[BreakdownCase]:
-    """The six --breakdown layouts of one [1, S, H, D] row and its random document lengths."""
+    """The seven --breakdown layouts of one [1, S, H, D] row and its random document lengths."""
     seq, docs = q.shape[1], len(lengths)
     assert seq % docs == 0, f"--breakdown splits the row into {docs} equal documents: S = {seq} must be a multiple"
     equal = [seq // docs] * docs
@@ -234,14 +236,17 @@ def _breakdown_cases(q, k, v, lengths) -> list[BreakdownCase]:
     def ids(documents):
         return jnp.asarray(segment_ids(documents))
 
-    return [BreakdownCase(ONE_ROW, _flash_dense, Layout(q, k, v, None), [seq]),
-            BreakdownCase("dense, batch of equal rows", _flash_dense, Layout(*as_rows, None), equal),
-            BreakdownCase("segment ids, equal documents", _flash_packed, Layout(q, k, v, ids(equal)), equal),
-            BreakdownCase("segment ids, one segment", _flash_packed, Layout(q, k, v, ids([seq])), [seq]),
+    random = [int(n) for n in lengths]
+    starts = np.concatenate([[0], np.cumsum(random)[:-1]])
+    each_document = [Layout(*(x[:, s:s + n] for x in (q, k, v)), None) for s, n in zip(starts, random)]
+    return [BreakdownCase(ONE_ROW, _flash_dense, [Layout(q, k, v, None)], [seq]),
+            BreakdownCase("dense, batch of equal rows", _flash_dense, [Layout(*as_rows, None)], equal),
+            BreakdownCase("segment ids, equal documents", _flash_packed, [Layout(q, k, v, ids(equal))], equal),
+            BreakdownCase("segment ids, one segment", _flash_packed, [Layout(q, k, v, ids([seq]))], [seq]),
             BreakdownCase("lengths = S", _by_lengths(jax_flash.dot_product_attention),
-                          Layout(q, k, v, jnp.array([seq], jnp.int32)), [seq]),
-            BreakdownCase("segment ids, random documents", _flash_packed, Layout(q, k, v, ids(lengths)),
-                          [int(n) for n in lengths])]
+                          [Layout(q, k, v, jnp.array([seq], jnp.int32))], [seq]),
+            BreakdownCase("segment ids, random documents", _flash_packed, [Layout(q, k, v, ids(lengths))], random),
+            BreakdownCase("dense, each random document", _flash_dense, each_document, random)]
 
 
 def _check_first_rows(case: BreakdownCase, q, k, v, heads: list[int], dtype: str):
@@ -249,8 +254,10 @@ def _check_first_rows(case: BreakdownCase, q, k, v, heads: list[int], dtype: str
     `heads`. Each token sees only earlier tokens of its document, so those rows depend on the first CHECKED_ROWS tokens
     alone: the float32 reference runs on that prefix, masked by the case's documents, and is exact for it."""
     rows = min(q.shape[1], CHECKED_ROWS)
-    out = jax.jit(case.attend)(*case.layout)
-    ours = out.reshape(q.shape)[:, :rows, heads].astype(jnp.float32)  # a batch of equal rows back into one row
+    attend = jax.jit(case.attend)
+    # The calls' outputs back into one row (a batch of equal rows, or one call per document).
+    out = jnp.concatenate([attend(*layout).reshape(1, -1, *q.shape[2:]) for layout in case.layouts], axis=1)
+    ours = out[:, :rows, heads].astype(jnp.float32)
     ids = jnp.asarray(segment_ids(case.documents)[:, :rows])
     with jax.default_matmul_precision("highest"):  # XLA's default float32 matmuls on a GPU are TF32
         ref = attention_reference(*(x[:, :rows, heads].astype(jnp.float32) for x in (q, k, v)),
@@ -271,7 +278,7 @@ def run_breakdown(grid: Grid, head_dim: int, lengths, parts, min_seconds: float)
                        docs=len(case.documents), flops=flops, ms=None, tflops=None, ratio_to_dense=None,
                        max_error=max_error, error=error)
             if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
-                row.update(_timed_row_fields(case.attend, case.layout, part, min_seconds, flops))
+                row.update(_timed_row_fields(case.attend, case.layouts, part, min_seconds, flops))
             rows.append(row)
     _add_ratios(rows, lambda r: r["case"] == ONE_ROW)
     return rows
@@ -301,7 +308,8 @@ def format_row(r: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--breakdown", action="store_true",
-                        help="time jax_flash alone in six layouts of the row (dense, equal rows, segment ids, lengths)")
+                        help="time jax_flash alone in seven layouts of the row (dense, equal rows, segment ids, "
+                             "lengths, each document alone)")
     parser.add_argument("--json", help="write the header and every row to this JSON file")
     parser.add_argument("--head-dims", type=comma_ints,
                         help="comma-separated head dims (default 64,128 on a GPU, 32 on the CPU)")

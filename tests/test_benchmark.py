@@ -103,7 +103,7 @@ def _breakdown_documents(grid, random_lengths) -> dict:
     equal = [grid.seq // grid.docs] * grid.docs
     return {"dense, one row": [grid.seq], "dense, batch of equal rows": equal, "segment ids, equal documents": equal,
             "segment ids, one segment": [grid.seq], "lengths = S": [grid.seq],
-            "segment ids, random documents": random_lengths}
+            "segment ids, random documents": random_lengths, "dense, each random document": random_lengths}
 
 
 def test_bench_segments_breakdown_cpu_grid(tmp_path):
