@@ -76,11 +76,15 @@ def segment_ids(lengths) -> np.ndarray:
     return np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)[None]
 
 
+def document_starts(lengths) -> np.ndarray:
+    """Each document's first token in the packed row."""
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+
 def to_padded_batch(x, lengths):
     """[1, S, H, D] packed -> [docs, max(lengths), H, D], each document at the start of its row, zeros after."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     width = int(max(lengths))
-    rows = [jnp.pad(x[0, s:s + n], ((0, width - n), (0, 0), (0, 0))) for s, n in zip(starts, lengths)]
+    rows = [jnp.pad(x[0, s:s + n], ((0, width - n), (0, 0), (0, 0))) for s, n in zip(document_starts(lengths), lengths)]
     return jnp.stack(rows)
 
 
@@ -127,8 +131,7 @@ def _per_document(out, layout_name: str, lengths) -> list:
     """The output's rows of each document: slices of the packed row, or each padded row's first L_i rows."""
     if layout_name == "padded":
         return [out[i, :n] for i, n in enumerate(lengths)]
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    return [out[0, s:s + n] for s, n in zip(starts, lengths)]
+    return [out[0, s:s + n] for s, n in zip(document_starts(lengths), lengths)]
 
 
 def _document_references(q, k, v, lengths, heads: list[int]) -> list:
@@ -237,8 +240,7 @@ def _breakdown_cases(q, k, v, lengths) -> list[BreakdownCase]:
         return jnp.asarray(segment_ids(documents))
 
     random = [int(n) for n in lengths]
-    starts = np.concatenate([[0], np.cumsum(random)[:-1]])
-    each_document = [Layout(*(x[:, s:s + n] for x in (q, k, v)), None) for s, n in zip(starts, random)]
+    each_document = [Layout(*(x[:, s:s + n] for x in (q, k, v)), None) for s, n in zip(document_starts(random), random)]
     return [BreakdownCase(ONE_ROW, _flash_dense, [Layout(q, k, v, None)], [seq]),
             BreakdownCase("dense, batch of equal rows", _flash_dense, [Layout(*as_rows, None)], equal),
             BreakdownCase("segment ids, equal documents", _flash_packed, [Layout(q, k, v, ids(equal))], equal),
