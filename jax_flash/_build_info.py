@@ -42,6 +42,8 @@ def _gpu_line() -> str:
 
 def _kernel_family(capability) -> str:
     """The kernels launch.cu picks for fp16/bf16 on a GPU of this compute capability (a string like "9.0")."""
+    if _ffi.kernel_choice() == "sm86":
+        return "the sm80 tensor-core kernels, tiles for 99 KB of shared memory per block (JAX_FLASH_KERNELS=sm86)"
     if str(capability) != "9.0":
         return "the sm80 tensor-core kernels"
     if not _ffi.hopper_kernels():

@@ -8,9 +8,10 @@ import jax
 
 from jax_flash import _jax_flash_ext as _ext
 
-# JAX_FLASH_KERNELS=sm80 keeps an sm_90 GPU on the sm80 tensor-core kernels (csrc/cuda/kernel_choice.h reads it);
-# checked here because the kernels cannot raise, and a misspelt value would otherwise be silently ignored.
-KERNEL_CHOICES = ("auto", "sm80")
+# JAX_FLASH_KERNELS=sm80 keeps an sm_90 GPU on the sm80 tensor-core kernels; sm86 also holds every GPU to the 99 KB
+# of shared memory per block of sm86/sm89 GPUs, and so to their tiles and decode plans (csrc/cuda/kernel_choice.h
+# reads it). Checked here because the kernels cannot raise, and a misspelt value would otherwise be silently ignored.
+KERNEL_CHOICES = ("auto", "sm80", "sm86")
 if os.environ.get("JAX_FLASH_KERNELS", "auto") not in KERNEL_CHOICES:
     raise ValueError(f"JAX_FLASH_KERNELS={os.environ['JAX_FLASH_KERNELS']!r}: allowed values are {KERNEL_CHOICES}")
 
@@ -44,7 +45,8 @@ def fp8_kernels() -> bool:
 
 
 def kernel_choice() -> str:
-    """JAX_FLASH_KERNELS as checked at import: "auto", or "sm80" to keep Hopper GPUs on the sm80 kernels."""
+    """JAX_FLASH_KERNELS as checked at import: "auto"; "sm80" to keep Hopper GPUs on the sm80 kernels; "sm86" for
+    the sm80 kernels with the tiles of GPUs whose blocks may use 99 KB of shared memory (sm86, sm89)."""
     return os.environ.get("JAX_FLASH_KERNELS", "auto")
 
 

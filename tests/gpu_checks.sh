@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the project checks on a GPU machine, in one call, with logs under $OUT (default: ./gpu-checks):
 #   build (one architecture by default), the GPU half of the test suite, compute-sanitizer memcheck and racecheck on
-#   tests/gpu_sanitizer_matrix.py, the standalone decode harness (and its checks under memcheck), and a benchmark
+#   tests/gpu_sanitizer_matrix.py (also under JAX_FLASH_KERNELS=sm86), the standalone decode harness (and its checks under memcheck), and a benchmark
 #   grid beside cuDNN (and flash-attn3-jax when importable).
 #
 #   bash tests/gpu_checks.sh                      # all steps
@@ -71,6 +71,12 @@ if has sanitizer; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 python3 "$repo/tests/gpu_sanitizer_matrix.py" \
       >"$out/sanitizer_$tool.log" 2>&1
     elapsed "$tool exit $?: $(grep -E 'SUMMARY' "$out/sanitizer_$tool.log")"
+  done
+  # The small tiles and decode plans of GPUs whose blocks get 99 KB of shared memory (sm86, sm89).
+  for tool in memcheck racecheck; do
+    JAX_FLASH_KERNELS=sm86 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 \
+      "$repo/tests/gpu_sanitizer_matrix.py" --groups dense,tokens,decode >"$out/sanitizer_sm86_$tool.log" 2>&1
+    elapsed "sm86 $tool exit $?: $(grep -E 'SUMMARY' "$out/sanitizer_sm86_$tool.log")"
   done
 fi
 if has decode; then

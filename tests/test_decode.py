@@ -83,6 +83,11 @@ CASES = [
 
 @pytest.mark.parametrize("batch,max_len,q_len,heads_q,heads_kv,head_dim,dtype,extra", CASES)
 def test_matches_reference(platform, rng, batch, max_len, q_len, heads_q, heads_kv, head_dim, dtype, extra):
+    check_random_case(platform, rng, batch, max_len, q_len, heads_q, heads_kv, head_dim, dtype, extra)
+
+
+def check_random_case(platform, rng, batch, max_len, q_len, heads_q, heads_kv, head_dim, dtype, extra):
+    """One of CASES' shapes on fresh random data, ragged lengths, against the reference."""
     skip_if_unsupported(platform, head_dim)
     dtype = DTYPES[dtype]
     q = normal(rng, (batch, q_len, heads_q, head_dim), dtype, platform)

@@ -166,11 +166,12 @@ def test_numpy_integer_window_is_accepted(platform, rng):
 
 
 def test_kernel_choice_environment_variable_is_checked():
-    """JAX_FLASH_KERNELS picks the CUDA kernel family; a value outside ('auto', 'sm80') fails at import, by name."""
+    """JAX_FLASH_KERNELS picks the CUDA kernels; a value outside ('auto', 'sm80', 'sm86') fails at import, by name."""
     env = dict(os.environ, JAX_FLASH_KERNELS="sm_80")
     result = subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, capture_output=True, text=True,
                             cwd=tempfile.gettempdir())
     assert result.returncode != 0
-    assert "JAX_FLASH_KERNELS='sm_80'" in result.stderr and "'auto', 'sm80'" in result.stderr
-    env["JAX_FLASH_KERNELS"] = "sm80"
-    subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, check=True, cwd=tempfile.gettempdir())
+    assert "JAX_FLASH_KERNELS='sm_80'" in result.stderr and "'auto', 'sm80', 'sm86'" in result.stderr
+    for choice in ("sm80", "sm86"):
+        env["JAX_FLASH_KERNELS"] = choice
+        subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, check=True, cwd=tempfile.gettempdir())

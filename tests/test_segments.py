@@ -72,6 +72,7 @@ class Case(NamedTuple):
     window: int | tuple[int, int] | None = None
     softcap: float | None = None
     batch: int = 2
+    head_dim: int = 32
 
     def id(self) -> str:
         parts = [f"q{self.seq_q}k{self.seq_k}", self.dtype, f"h{self.heads[0]}/{self.heads[1]}"]
@@ -83,6 +84,8 @@ class Case(NamedTuple):
             parts.append(f"win{self.window}".replace(" ", ""))
         if self.softcap is not None:
             parts.append(f"cap{self.softcap:g}")
+        if self.head_dim != 32:
+            parts.append(f"d{self.head_dim}")
         return "-".join(parts)
 
 
@@ -145,10 +148,10 @@ def _vjp(attention):
     return f
 
 
-def _check_case(case: Case, platform, rng):
+def check_case(case: Case, platform, rng):
     dtype = at.DTYPES[case.dtype]
     q, k, v = at.random_qkv(rng, platform, seq_q=case.seq_q, seq_k=case.seq_k, heads_q=case.heads[0],
-                            heads_kv=case.heads[1], head_dim=32, dtype=dtype, batch=case.batch)
+                            heads_kv=case.heads[1], head_dim=case.head_dim, dtype=dtype, batch=case.batch)
     cotangent = at.normal(rng, q.shape, dtype, platform)
     kwargs, visible = _case_arguments(case, rng)
     flash = _vjp(functools.partial(jax_flash.dot_product_attention, **kwargs))
@@ -169,15 +172,15 @@ def _check_case(case: Case, platform, rng):
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in CASES])
 def test_forward_and_gradients(case, platform, rng):
-    _check_case(case, platform, rng)
+    check_case(case, platform, rng)
 
 
 @pytest.mark.parametrize("seq", [700, 2200])
 def test_long_packed_rows(platform, rng, seq):
     """Long rows under causal masking on positions: most blocks are skipped, the rest must agree. 2200 tokens are
     more than 32 tiles of 64, so the CUDA tensor-core kernels classify the tiles they walk in several windows."""
-    _check_case(Case(seq, seq, "bfloat16", heads=(2, 1), positions=True, lengths="both", is_causal=True,
-                     batch=1), platform, rng)
+    check_case(Case(seq, seq, "bfloat16", heads=(2, 1), positions=True, lengths="both", is_causal=True,
+                    batch=1), platform, rng)
 
 
 def test_matches_jax_nn_lengths(platform, rng):

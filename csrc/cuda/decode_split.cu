@@ -16,6 +16,7 @@
 #include "decode_split_rows.cuh"
 #include "decode_split_simt.cuh"
 #include "device_attribute.h"
+#include "kernel_choice.h"
 
 namespace jax_flash {
 namespace cuda_kernels::decode {
@@ -162,8 +163,7 @@ using namespace cuda_kernels::decode;
 
 cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePlan* plan) {
   int shared_limit = 0;
-  if (cudaError_t status = cuda_kernels::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&shared_limit);
-      status != cudaSuccess)
+  if (cudaError_t status = cuda_kernels::block_shared_memory_limit(&shared_limit); status != cudaSuccess)
     return status;
   auto fits = [&](DecodeKernel kernel, bool* fit) {
     size_t needed = 0;

@@ -16,6 +16,7 @@
 // kernels without one are unchanged.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -39,9 +40,9 @@ namespace jax_flash::cuda_kernels::tensor_core {
 // Which gradients one pass of the dk/dv kernel accumulates.
 enum class KeyGradients { kBoth, kValueOnly, kKeyOnly };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, TileBudget kBudget>
 struct KeyGradientLayout {
-  using Config = KeyGradientConfig<kHeadDim>;
+  using Config = KeyGradientConfig<kHeadDim, kBudget>;
   static constexpr int kThreads = Config::kWarps * 32;
   static constexpr int kBlockN = Config::kWarps * 16;
   static constexpr int kBlockM = Config::kBlockM;
@@ -50,12 +51,15 @@ struct KeyGradientLayout {
   // k, v, then two buffers each of q, dout, the rows' base-2 lse and delta.
   static constexpr int kSmemBytes =
       2 * KVTile::kBytes + 4 * QTile::kBytes + 4 * kBlockM * static_cast<int>(sizeof(float));
+  // The token variant's per-thread entry bits add kThreads words of static shared memory.
+  static_assert(kBudget == TileBudget::kLarge || kSmemBytes + kThreads * 8 <= kSm86BlockSharedBytes,
+                "small tiles must fit 99 KB");
 };
 
-template <typename Element, int kHeadDim, KeyGradients kWhich, bool kTokens>
-__global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads)
+template <typename Element, int kHeadDim, TileBudget kBudget, KeyGradients kWhich, bool kTokens>
+__global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim, kBudget>::kThreads)
     attention_backward_dkdv_kernel(const AttentionBackwardParams params, const float* delta) {
-  using Layout = KeyGradientLayout<Element, kHeadDim>;
+  using Layout = KeyGradientLayout<Element, kHeadDim, kBudget>;
   constexpr int kThreads = Layout::kThreads;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
@@ -237,9 +241,9 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim>::kThreads
   }
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, TileBudget kBudget>
 struct QueryGradientLayout {
-  using Config = QueryGradientConfig<kHeadDim>;
+  using Config = QueryGradientConfig<kHeadDim, kBudget>;
   static constexpr int kThreads = Config::kWarps * 32;
   static constexpr int kBlockM = Config::kWarps * 16;
   static constexpr int kBlockN = Config::kBlockN;
@@ -247,14 +251,15 @@ struct QueryGradientLayout {
   using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
   // q, dout, then two buffers each of k and v.
   static constexpr int kSmemBytes = 2 * QTile::kBytes + 4 * KVTile::kBytes;
+  static_assert(kBudget == TileBudget::kLarge || kSmemBytes <= kSm86BlockSharedBytes, "small tiles must fit 99 KB");
 };
 
 // The token variant asks for a minimum of one block per SM: left to itself, ptxas held it to 168 registers (three
 // blocks) on sm80 and spilled; 0 leaves the dense kernel's allocation as it was.
-template <typename Element, int kHeadDim, bool kTokens>
-__global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThreads, kTokens ? 1 : 0)
+template <typename Element, int kHeadDim, TileBudget kBudget, bool kTokens>
+__global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim, kBudget>::kThreads, kTokens ? 1 : 0)
     attention_backward_dq_kernel(const AttentionBackwardParams params, const float* delta) {
-  using Layout = QueryGradientLayout<Element, kHeadDim>;
+  using Layout = QueryGradientLayout<Element, kHeadDim, kBudget>;
   constexpr int kThreads = Layout::kThreads;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
@@ -403,10 +408,10 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim>::kThrea
   }
 }
 
-template <typename Element, int kHeadDim, bool kTokens>
+template <typename Element, int kHeadDim, TileBudget kBudget, bool kTokens>
 cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const float* delta, cudaStream_t stream) {
-  using KeyLayout = KeyGradientLayout<Element, kHeadDim>;
-  using QueryLayout = QueryGradientLayout<Element, kHeadDim>;
+  using KeyLayout = KeyGradientLayout<Element, kHeadDim, kBudget>;
+  using QueryLayout = QueryGradientLayout<Element, kHeadDim, kBudget>;
   const AttentionShape& shape = params.shape;
   cudaError_t status = cudaSuccess;
   const int64_t key_blocks =
@@ -414,18 +419,24 @@ cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const
   const auto key_pass = [&](auto kernel) {
     return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params, delta);
   };
-  if constexpr (KeyGradientConfig<kHeadDim>::kSplitPasses) {
+  if constexpr (KeyLayout::Config::kSplitPasses) {
     if (status == cudaSuccess)
-      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kValueOnly, kTokens>);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kValueOnly, kTokens>);
     if (status == cudaSuccess)
-      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kKeyOnly, kTokens>);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kKeyOnly, kTokens>);
   } else {
-    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, KeyGradients::kBoth, kTokens>);
+    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kBoth, kTokens>);
   }
   if (status != cudaSuccess) return status;
-  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim, kTokens>,
+  return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim, kBudget, kTokens>,
                           query_blocks(shape, QueryLayout::kBlockM), QueryLayout::kThreads, QueryLayout::kSmemBytes,
                           stream, params, delta);
+}
+
+template <typename Element, int kHeadDim, TileBudget kBudget>
+cudaError_t launch_backward_tiles(const AttentionBackwardParams& params, const float* delta, cudaStream_t stream) {
+  return params.tokens.any() ? launch_backward_kernels<Element, kHeadDim, kBudget, true>(params, delta, stream)
+                             : launch_backward_kernels<Element, kHeadDim, kBudget, false>(params, delta, stream);
 }
 
 template <typename Element, int kHeadDim>
@@ -434,8 +445,17 @@ cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspa
   // Stream order makes delta complete before the gradient kernels read it.
   const cudaError_t status = launch_backward_delta(params, delta, stream);
   if (status != cudaSuccess) return status;
-  return params.tokens.any() ? launch_backward_kernels<Element, kHeadDim, true>(params, delta, stream)
-                             : launch_backward_kernels<Element, kHeadDim, false>(params, delta, stream);
+  constexpr int kLargeBytes = std::max(KeyGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes,
+                                       QueryGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes);
+  if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
+    return launch_backward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, delta, stream);
+  } else {
+    TileBudget budget = TileBudget::kLarge;
+    if (cudaError_t choice = tile_budget(kLargeBytes, &budget); choice != cudaSuccess) return choice;
+    return budget == TileBudget::kLarge
+               ? launch_backward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, delta, stream)
+               : launch_backward_tiles<Element, kHeadDim, TileBudget::kSmall>(params, delta, stream);
+  }
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

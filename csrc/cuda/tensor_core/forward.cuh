@@ -30,9 +30,9 @@
 
 namespace jax_flash::cuda_kernels::tensor_core {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, TileBudget kBudget>
 struct ForwardLayout {
-  using Config = ForwardConfig<kHeadDim>;
+  using Config = ForwardConfig<kHeadDim, kBudget>;
   static constexpr int kThreads = Config::kWarps * 32;
   static constexpr int kMTiles = Config::kMTiles;
   static constexpr int kWarpRows = 16 * kMTiles;
@@ -42,12 +42,13 @@ struct ForwardLayout {
   using KVTile = SmemTile<Element, kBlockN, kHeadDim>;
   // q, then two buffers each of k and v.
   static constexpr int kSmemBytes = QTile::kBytes + 4 * KVTile::kBytes;
+  static_assert(kBudget == TileBudget::kLarge || kSmemBytes <= kSm86BlockSharedBytes, "small tiles must fit 99 KB");
 };
 
-template <typename Element, int kHeadDim, bool kTokens>
-__global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
+template <typename Element, int kHeadDim, TileBudget kBudget, bool kTokens>
+__global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim, kBudget>::kThreads)
     attention_forward_kernel(const AttentionForwardParams params) {
-  using Layout = ForwardLayout<Element, kHeadDim>;
+  using Layout = ForwardLayout<Element, kHeadDim, kBudget>;
   constexpr int kThreads = Layout::kThreads;
   constexpr int kMTiles = Layout::kMTiles;
   constexpr int kBlockM = Layout::kBlockM;
@@ -209,16 +210,29 @@ __global__ void __launch_bounds__(ForwardLayout<Element, kHeadDim>::kThreads)
   }
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
-  using Layout = ForwardLayout<Element, kHeadDim>;
+template <typename Element, int kHeadDim, TileBudget kBudget>
+cudaError_t launch_forward_tiles(const AttentionForwardParams& params, cudaStream_t stream) {
+  using Layout = ForwardLayout<Element, kHeadDim, kBudget>;
   const AttentionShape& shape = params.shape;
   const auto launch = [&](auto kernel) {
     return launch_with_smem(kernel, query_blocks(shape, Layout::kBlockM), Layout::kThreads, Layout::kSmemBytes,
                             stream, params);
   };
-  return params.tokens.any() ? launch(attention_forward_kernel<Element, kHeadDim, true>)
-                             : launch(attention_forward_kernel<Element, kHeadDim, false>);
+  return params.tokens.any() ? launch(attention_forward_kernel<Element, kHeadDim, kBudget, true>)
+                             : launch(attention_forward_kernel<Element, kHeadDim, kBudget, false>);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
+  constexpr int kLargeBytes = ForwardLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes;
+  if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
+    return launch_forward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, stream);
+  } else {
+    TileBudget budget = TileBudget::kLarge;
+    if (cudaError_t status = tile_budget(kLargeBytes, &budget); status != cudaSuccess) return status;
+    return budget == TileBudget::kLarge ? launch_forward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, stream)
+                                        : launch_forward_tiles<Element, kHeadDim, TileBudget::kSmall>(params, stream);
+  }
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

@@ -15,10 +15,11 @@ import sys
 KERNEL = re.compile(r"Compiling entry function '(?P<name>\S+)' for '(?P<arch>\w+)'")
 SPILLS = re.compile(r"(\d+) bytes spill stores")
 REGISTERS = re.compile(r"Used (\d+) registers")
-# Mangled tensor-core kernel names: kernel, element type, head dim, for dk/dv which gradients, and whether it is the
-# TokenMask variant (kTokens).
+# Mangled tensor-core kernel names: kernel, element type, head dim, tile table (TileBudget), for dk/dv which
+# gradients, and whether it is the TokenMask variant (kTokens).
 TENSOR_CORE = re.compile(r"tensor_core\d+attention_(?P<kernel>\w+?)_kernelI(?P<element>6__half|13__nv_bfloat16)"
-                         r"Li(?P<head_dim>\d+)E(?:LNS1_12KeyGradientsE(?P<which>\d)E)?(?:Lb(?P<tokens>[01])E)?")
+                         r"Li(?P<head_dim>\d+)E(?:LNS1_10TileBudgetE(?P<budget>[01])E)?"
+                         r"(?:LNS1_12KeyGradientsE(?P<which>\d)E)?(?:Lb(?P<tokens>[01])E)?")
 PASSES = {None: "", "0": " (dk and dv)", "1": " (dv pass)", "2": " (dk pass)"}
 
 
@@ -34,7 +35,8 @@ def parse(paths: list[str]) -> dict:
             elif kernel and (m := REGISTERS.search(line)):
                 if t := TENSOR_CORE.search(kernel):
                     tokens = " (token mask)" if t["tokens"] == "1" else ""
-                    row = (int(t["head_dim"]), t["kernel"] + PASSES[t["which"]] + tokens)
+                    small = " (99 KB tiles)" if t["budget"] == "1" else ""
+                    row = (int(t["head_dim"]), t["kernel"] + PASSES[t["which"]] + small + tokens)
                     dtype = "fp16" if "half" in t["element"] else "bf16"
                     table.setdefault(row, {})[(arch, dtype)] = (int(m.group(1)), spills or 0)
                 kernel = None

@@ -2,121 +2,177 @@
 
 #pragma once
 
+#include "../tile_budget.h"
+
 namespace jax_flash::cuda_kernels::tensor_core {
 
-// Only the head dims listed in the generator exist; any other is a compile error.
-template <int kHeadDim>
+// Only the (head dim, budget) pairs listed in the generator exist; any other is a compile error.
+template <int kHeadDim, TileBudget kBudget>
 struct ForwardConfig;
-template <int kHeadDim>
+template <int kHeadDim, TileBudget kBudget>
 struct KeyGradientConfig;
-template <int kHeadDim>
+template <int kHeadDim, TileBudget kBudget>
 struct QueryGradientConfig;
 
 template <>
-struct ForwardConfig<32> {
+struct ForwardConfig<32, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 2;
   static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<32> {
+struct KeyGradientConfig<32, TileBudget::kLarge> {
   static constexpr int kWarps = 8;
   static constexpr int kBlockM = 64;
   static constexpr bool kSplitPasses = false;
 };
 template <>
-struct QueryGradientConfig<32> {
+struct QueryGradientConfig<32, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
 };
 
 template <>
-struct ForwardConfig<64> {
+struct ForwardConfig<64, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 2;
   static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<64> {
+struct KeyGradientConfig<64, TileBudget::kLarge> {
   static constexpr int kWarps = 8;
   static constexpr int kBlockM = 64;
   static constexpr bool kSplitPasses = false;
 };
 template <>
-struct QueryGradientConfig<64> {
+struct QueryGradientConfig<64, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
 };
 
 template <>
-struct ForwardConfig<96> {
+struct ForwardConfig<96, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<96> {
+struct KeyGradientConfig<96, TileBudget::kLarge> {
   static constexpr int kWarps = 8;
   static constexpr int kBlockM = 32;
   static constexpr bool kSplitPasses = false;
 };
 template <>
-struct QueryGradientConfig<96> {
+struct QueryGradientConfig<96, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
 };
 
 template <>
-struct ForwardConfig<128> {
+struct ForwardConfig<128, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<128> {
+struct KeyGradientConfig<128, TileBudget::kLarge> {
   static constexpr int kWarps = 8;
   static constexpr int kBlockM = 32;
   static constexpr bool kSplitPasses = false;
 };
 template <>
-struct QueryGradientConfig<128> {
+struct QueryGradientConfig<128, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
 };
 
 template <>
-struct ForwardConfig<192> {
+struct ForwardConfig<128, TileBudget::kSmall> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<192> {
+struct KeyGradientConfig<128, TileBudget::kSmall> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockM = 32;
-  static constexpr bool kSplitPasses = true;
+  static constexpr bool kSplitPasses = false;
 };
 template <>
-struct QueryGradientConfig<192> {
+struct QueryGradientConfig<128, TileBudget::kSmall> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 32;
 };
 
 template <>
-struct ForwardConfig<256> {
+struct ForwardConfig<192, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 32;
+  static constexpr int kBlockN = 64;
 };
 template <>
-struct KeyGradientConfig<256> {
+struct KeyGradientConfig<192, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockM = 32;
   static constexpr bool kSplitPasses = true;
 };
 template <>
-struct QueryGradientConfig<256> {
+struct QueryGradientConfig<192, TileBudget::kLarge> {
   static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 32;
+};
+
+template <>
+struct ForwardConfig<192, TileBudget::kSmall> {
+  static constexpr int kWarps = 4;
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockN = 32;
+};
+template <>
+struct KeyGradientConfig<192, TileBudget::kSmall> {
+  static constexpr int kWarps = 2;
+  static constexpr int kBlockM = 32;
+  static constexpr bool kSplitPasses = true;
+};
+template <>
+struct QueryGradientConfig<192, TileBudget::kSmall> {
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 16;
+};
+
+template <>
+struct ForwardConfig<256, TileBudget::kLarge> {
+  static constexpr int kWarps = 4;
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockN = 32;
+};
+template <>
+struct KeyGradientConfig<256, TileBudget::kLarge> {
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockM = 32;
+  static constexpr bool kSplitPasses = true;
+};
+template <>
+struct QueryGradientConfig<256, TileBudget::kLarge> {
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 32;
+};
+
+template <>
+struct ForwardConfig<256, TileBudget::kSmall> {
+  static constexpr int kWarps = 4;
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockN = 32;
+};
+template <>
+struct KeyGradientConfig<256, TileBudget::kSmall> {
+  static constexpr int kWarps = 2;
+  static constexpr int kBlockM = 16;
+  static constexpr bool kSplitPasses = true;
+};
+template <>
+struct QueryGradientConfig<256, TileBudget::kSmall> {
+  static constexpr int kWarps = 2;
   static constexpr int kBlockN = 32;
 };
 
