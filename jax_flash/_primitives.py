@@ -33,6 +33,8 @@ attention_fp8_fwd_p.multiple_results = True
 # What each platform's kernels accept; the lowering turns anything else into a trace-time error.
 _HEAD_DIM_MULTIPLE = {"cpu": 1, "cuda": 8}
 MAX_HEAD_DIM = 256
+# The CUDA kernels are built as sm80 code (and sm90a) plus PTX for newer GPUs; none runs on an older GPU.
+MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
 # Results are derived from the operands' types with update(), which keeps what JAX tracks beyond shape and dtype
@@ -78,11 +80,33 @@ attention_bwd_p.def_impl(_compiled_impl(attention_bwd_p))
 attention_fp8_fwd_p.def_impl(_compiled_impl(attention_fp8_fwd_p))
 
 
+def _local_gpus() -> list:
+    """This process's GPUs; none when lowering for CUDA on a machine without one (export)."""
+    try:
+        return jax.local_devices(backend="gpu")
+    except RuntimeError:
+        return []
+
+
+def _compute_capability(device) -> tuple[int, ...] | None:
+    capability = getattr(device, "compute_capability", None)
+    return tuple(int(part) for part in capability.split(".")) if capability else None
+
+
 def _check_platform(platform: str, head_dim: int) -> None:
     if platform not in _ffi.compiled_platforms():
         raise NotImplementedError(
             f"jax_flash was built without {platform} kernels (compiled: {_ffi.compiled_platforms()}); reinstall it "
             f"on a machine with the CUDA compiler, or pass implementation='xla'")
+    if platform == "cuda":
+        for gpu in _local_gpus():
+            capability = _compute_capability(gpu)
+            # Otherwise the launch would fail at run time with CUDA's "no kernel image is available".
+            if capability is not None and capability < MIN_COMPUTE_CAPABILITY:
+                raise NotImplementedError(
+                    f"jax_flash's CUDA kernels need a GPU of compute capability 8.0 or newer (Ampere on); "
+                    f"{gpu.device_kind} ({gpu}) has {gpu.compute_capability}. Pass implementation='xla', or use "
+                    f"jax.nn.dot_product_attention")
     multiple = _HEAD_DIM_MULTIPLE[platform]
     if head_dim % multiple:
         raise ValueError(f"head_dim={head_dim} is not supported on {platform}: it must be a multiple of {multiple} "
@@ -124,11 +148,8 @@ def fp8_kernel_applies(head_dim: int) -> bool:
     code runs on nothing else), Hopper kernels not switched off, and a head_dim it holds."""
     if not (_ffi.fp8_kernels() and _ffi.kernel_choice() == "auto" and head_dim % 16 == 0 and head_dim <= 128):
         return False
-    try:
-        gpus = jax.local_devices(backend="gpu")
-    except RuntimeError:  # lowering for CUDA on a machine without one (export): the path that runs anywhere
-        return False
-    return bool(gpus) and all(getattr(d, "compute_capability", None) == "9.0" for d in gpus)
+    gpus = _local_gpus()  # none when lowering for CUDA without a GPU: then the path that runs anywhere
+    return bool(gpus) and all(_compute_capability(d) == (9, 0) for d in gpus)
 
 
 def _fp8_lowering(platform: str):

@@ -175,3 +175,28 @@ def test_kernel_choice_environment_variable_is_checked():
     for choice in ("sm80", "sm86"):
         env["JAX_FLASH_KERNELS"] = choice
         subprocess.run([sys.executable, "-c", "import jax_flash"], env=env, check=True, cwd=tempfile.gettempdir())
+
+
+def test_gpus_older_than_ampere_are_refused_by_name(monkeypatch):
+    """The CUDA kernels exist for compute capability 8.0 on; an older GPU is named at lowering time instead of failing
+    at run time with CUDA's "no kernel image". Checked with stand-in devices, so it runs on any machine."""
+    from jax_flash import _primitives
+
+    class Gpu:
+        device_kind = "Tesla T4"
+
+        def __init__(self, compute_capability):
+            self.compute_capability = compute_capability
+
+        def __str__(self):
+            return "cuda:0"
+
+    monkeypatch.setattr(_primitives._ffi, "compiled_platforms", lambda: ("cpu", "cuda"))
+    monkeypatch.setattr(_primitives, "_local_gpus", lambda: [Gpu("7.5")])
+    with pytest.raises(NotImplementedError, match=r"compute capability 8\.0 or newer.*Tesla T4 \(cuda:0\) has 7\.5"):
+        _primitives._check_platform("cuda", 64)
+    for newer in ("8.0", "8.6", "9.0", "12.0"):
+        monkeypatch.setattr(_primitives, "_local_gpus", lambda capability=newer: [Gpu(capability)])
+        _primitives._check_platform("cuda", 64)
+    monkeypatch.setattr(_primitives, "_local_gpus", lambda: [])  # lowering for CUDA without a GPU (export)
+    _primitives._check_platform("cuda", 64)
