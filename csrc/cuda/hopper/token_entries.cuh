@@ -1,11 +1,9 @@
 // The element mask of a partial tile under a token mask, on the (rows, columns) view of a thread's wgmma accumulator
-// (warpgroup_gemm.cuh). The backward computes one bit per entry in a rolled loop over the thread's columns (a token's
-// id and position are loaded once per column and once per row), then applies them in an unrolled one; the forward
-// masks in one straight-line pass over key tokens staged in shared memory. Only partial tiles run either, so dense
-// tiles keep their short loop bodies.
+// (warpgroup_gemm.cuh): one bit per entry, computed in a rolled loop over the thread's columns (a token's id and
+// position are loaded once per column and once per row), then applied to the accumulator in an unrolled one. Only
+// partial tiles run it, so dense tiles keep their short straight-line loop bodies.
 #pragma once
 
-#include <climits>
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -63,49 +61,6 @@ __device__ __forceinline__ uint64_t visible_token_entries(const Coords& coords, 
                                                           const AttentionMask& mask) {
   return visible_token_entries<kRowsAreKeys>(
       coords, rows, row_begin, [&](int column) { return token_at(columns, column_begin + column); }, mask);
-}
-
-// pair_visible's rule for one query row, in int32: the row's segment and the key positions its window admits,
-// [lowest, highest] (empty when the row is past its length). Key positions are int32, so clamping the window's
-// int64 bounds to int32 keeps the rule exact.
-struct RowRule {
-  int segment;
-  int lowest, highest;
-};
-
-__device__ __forceinline__ RowRule row_rule(const TokenAt& query, const AttentionMask& mask) {
-  if (!query.live) return {0, INT_MAX, INT_MIN};
-  const int64_t lowest = mask.window_left >= 0 ? int64_t{query.position} - mask.window_left : INT_MIN;
-  const int64_t highest = mask.window_right >= 0 ? int64_t{query.position} + mask.window_right : INT_MAX;
-  return {query.segment, static_cast<int>(lowest < INT_MIN ? INT_MIN : lowest),
-          static_cast<int>(highest > INT_MAX ? INT_MAX : highest)};
-}
-
-__device__ __forceinline__ bool rule_admits(const RowRule& rule, const TokenAt& key) {
-  return key.live && key.segment == rule.segment && key.position >= rule.lowest && key.position <= rule.highest;
-}
-
-// Sets the entries of `view` whose (query, key) pair is not visible to `hidden`, in straight-line code: each row's
-// rule once, then every column's key token (key_token(column), a shared-memory read) tested against both rows. The
-// rolled loop of visible_token_entries waits for each column's load in turn; here the loads of a tile go out
-// together. `coords` and `rows` as in visible_token_entries.
-template <class View, class Coords, class KeyToken>
-__device__ __forceinline__ void hide_unseen_keys(View& view, const Coords& coords, const TokenRow& rows,
-                                                 int row_begin, KeyToken key_token, const AttentionMask& mask,
-                                                 float hidden) {
-  constexpr int kRows = decltype(cute::size<0>(view))::value;
-  constexpr int kColumns = decltype(cute::size<1>(view))::value;
-  RowRule rules[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) rules[r] = row_rule(token_at(rows, row_begin + cute::get<0>(coords(r, 0))), mask);
-  CUTE_UNROLL
-  for (int c = 0; c < kColumns; ++c) {
-    const TokenAt key = key_token(cute::get<1>(coords(0, c)));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      if (!rule_admits(rules[r], key)) view(r, c) = hidden;
-    }
-  }
 }
 
 // Sets every entry of `view` whose bit is clear to `hidden`.
