@@ -5,7 +5,7 @@
 #   grid beside cuDNN (and flash-attn3-jax when importable).
 #
 #   bash tests/gpu_checks.sh                      # all steps
-#   STEPS="build tests" bash tests/gpu_checks.sh  # a subset
+#   STEPS="build tests" bash tests/gpu_checks.sh  # a subset; STEPS="build fuzz" adds tests/fuzz_attention.py
 #   WHEEL=dist/jax_flash-*.whl STEPS=wheel bash tests/gpu_checks.sh
 #                                                 # a built wheel in a fresh venv: the GPU tests from outside the tree
 #
@@ -88,6 +88,12 @@ if has decode; then
   compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/decode_harness --check-only \
     >"$out/decode_harness_memcheck.log" 2>&1
   elapsed "decode harness memcheck exit $?: $(grep -E 'SUMMARY' "$out/decode_harness_memcheck.log")"
+fi
+if has fuzz; then  # not among the default steps: FUZZ_CASES random cases (default 200), a few minutes
+  PYTHONPATH=$repo/tests:$PYTHONPATH python3 "$repo/tests/fuzz_attention.py" --platform gpu \
+    --cases "${FUZZ_CASES:-200}" >"$out/fuzz.log" 2>&1
+  elapsed "fuzz exit $?: $(tail -n 1 "$out/fuzz.log")"
+  grep FAILED "$out/fuzz.log" | head -n 20
 fi
 if has benchmark; then
   python3 -m jax_flash.benchmark --grid "${GRID:-anchors}" ${SEQS:+--seqs "$SEQS"} --json "$out/benchmark.json" \
