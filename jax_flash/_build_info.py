@@ -50,4 +50,4 @@ def _kernel_family(capability) -> str:
         return "the sm80 tensor-core kernels (this build has no sm_90a kernels)"
     if _ffi.kernel_choice() == "sm80":
         return "the sm80 tensor-core kernels (JAX_FLASH_KERNELS=sm80)"
-    return "the Hopper kernels (wgmma, TMA; head dims without a Hopper kernel and token masks on sm80)"
+    return "the Hopper kernels (wgmma, TMA; a head dim whose Hopper bucket this build left out runs on sm80)"
