@@ -447,15 +447,9 @@ cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspa
   if (status != cudaSuccess) return status;
   constexpr int kLargeBytes = std::max(KeyGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes,
                                        QueryGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes);
-  if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
-    return launch_backward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, delta, stream);
-  } else {
-    TileBudget budget = TileBudget::kLarge;
-    if (cudaError_t choice = tile_budget(kLargeBytes, &budget); choice != cudaSuccess) return choice;
-    return budget == TileBudget::kLarge
-               ? launch_backward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, delta, stream)
-               : launch_backward_tiles<Element, kHeadDim, TileBudget::kSmall>(params, delta, stream);
-  }
+  return launch_with_tile_budget<kLargeBytes>([&](auto budget) {
+    return launch_backward_tiles<Element, kHeadDim, decltype(budget)::value>(params, delta, stream);
+  });
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

@@ -224,15 +224,9 @@ cudaError_t launch_forward_tiles(const AttentionForwardParams& params, cudaStrea
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_forward(const AttentionForwardParams& params, cudaStream_t stream) {
-  constexpr int kLargeBytes = ForwardLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes;
-  if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
-    return launch_forward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, stream);
-  } else {
-    TileBudget budget = TileBudget::kLarge;
-    if (cudaError_t status = tile_budget(kLargeBytes, &budget); status != cudaSuccess) return status;
-    return budget == TileBudget::kLarge ? launch_forward_tiles<Element, kHeadDim, TileBudget::kLarge>(params, stream)
-                                        : launch_forward_tiles<Element, kHeadDim, TileBudget::kSmall>(params, stream);
-  }
+  return launch_with_tile_budget<ForwardLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes>([&](auto budget) {
+    return launch_forward_tiles<Element, kHeadDim, decltype(budget)::value>(params, stream);
+  });
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core

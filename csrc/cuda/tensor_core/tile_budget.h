@@ -3,6 +3,8 @@
 // needs more than the 99 KB of sm86 and sm89. Picked per launch from the current device.
 #pragma once
 
+#include <type_traits>
+
 #include <cuda_runtime.h>
 
 #include "../kernel_choice.h"
@@ -17,6 +19,21 @@ inline cudaError_t tile_budget(int large_bytes, TileBudget* budget) {
   if (cudaError_t status = block_shared_memory_limit(&limit); status != cudaSuccess) return status;
   *budget = large_bytes <= limit ? TileBudget::kLarge : TileBudget::kSmall;
   return cudaSuccess;
+}
+
+// launch(std::integral_constant<TileBudget, ...>{}) with the table the current device takes, for kernels whose large
+// tiles need kLargeBytes of shared memory per block. Where those fit every GPU's 99 KB, only the large table exists.
+template <int kLargeBytes, class Launch>
+cudaError_t launch_with_tile_budget(Launch&& launch) {
+  using Large = std::integral_constant<TileBudget, TileBudget::kLarge>;
+  if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
+    return launch(Large{});
+  } else {
+    TileBudget budget = TileBudget::kLarge;
+    if (cudaError_t status = tile_budget(kLargeBytes, &budget); status != cudaSuccess) return status;
+    return budget == TileBudget::kLarge ? launch(Large{})
+                                        : launch(std::integral_constant<TileBudget, TileBudget::kSmall>{});
+  }
 }
 
 }  // namespace jax_flash::cuda_kernels::tensor_core
