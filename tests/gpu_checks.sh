@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the project checks on a GPU machine, in one call, with logs under $OUT (default: ./gpu-checks):
 #   build (one architecture by default), the GPU half of the test suite, compute-sanitizer memcheck and racecheck on
-#   tests/gpu_sanitizer_matrix.py (also under JAX_FLASH_KERNELS=sm86), the standalone decode harness (and its checks under memcheck), and a benchmark
-#   grid beside cuDNN (and flash-attn3-jax when importable).
+#   tests/gpu_sanitizer_matrix.py (also under JAX_FLASH_KERNELS=sm86), the standalone decode harness (and its checks
+#   under memcheck), and a benchmark grid beside cuDNN (and flash-attn3-jax when importable).
 #
 #   bash tests/gpu_checks.sh                      # all steps
 #   STEPS="build tests" bash tests/gpu_checks.sh  # a subset; STEPS="build fuzz" adds tests/fuzz_attention.py
