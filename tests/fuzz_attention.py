@@ -33,7 +33,8 @@ def attention_case(rng: np.random.Generator) -> Case:
     heads_kv = int(rng.choice([1, 2]))
     window = None
     if rng.random() < 0.3:
-        window = int(rng.integers(0, 50)) if rng.random() < 0.5 else (int(rng.integers(0, 60)), int(rng.integers(0, 60)))
+        symmetric = rng.random() < 0.5
+        window = int(rng.integers(0, 50)) if symmetric else (int(rng.integers(0, 60)), int(rng.integers(0, 60)))
     segments = bool(rng.random() < 0.7)
     return Case(seq_q, seq_k, dtype=str(rng.choice(["float32", "bfloat16", "float16"])),
                 heads=(heads_kv * int(rng.choice([1, 2, 3, 4])), heads_kv), segments=segments,
@@ -84,7 +85,8 @@ def main() -> int:
         except Exception as error:  # noqa: BLE001  (report every failure and go on)
             failed += 1
             status = f"FAILED {type(error).__name__}: {str(error)[:500]}"
-        print(f"{index} {case.id() if isinstance(case, Case) else case} {time.time() - start:.1f}s {status}", flush=True)
+        name = case.id() if isinstance(case, Case) else case
+        print(f"{index} {name} {time.time() - start:.1f}s {status}", flush=True)
     print(f"{failed} failed")
     return 1 if failed else 0
 

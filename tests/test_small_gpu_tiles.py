@@ -53,7 +53,8 @@ def test_small_tiles_on_this_gpu(gpu_platform):
     env = dict(os.environ, JAX_FLASH_KERNELS="sm86", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.pop("PYTEST_XDIST_WORKER", None)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-p", "no:cacheprovider", "-q", "-rfE", "-k", "attention_case or decode_case"],
+        [sys.executable, "-m", "pytest", __file__, "-p", "no:cacheprovider", "-q", "-rfE",
+         "-k", "attention_case or decode_case"],
         env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     cases = len(ATTENTION_CASES) + len(DECODE_CASES)
     assert result.returncode == 0 and f"{cases} passed" in result.stdout, result.stdout[-6000:] + result.stderr[-2000:]
