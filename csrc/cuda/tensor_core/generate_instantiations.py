@@ -64,9 +64,17 @@ def instantiation_name(kind: str, dtype: str, head_dim: int) -> str:
     return f"attention_{kind}_{dtype}_hdim{head_dim}.cu"
 
 
-def config_structs(head_dim: int, budget: str, t: Tiles) -> list[str]:
+def kernel_tiles(t: Tiles) -> list[tuple]:
+    """Each kernel's own fields of a Tiles row: forward, dk/dv, dq."""
+    return [(t.forward_warps, t.forward_m_tiles, t.forward_block_n), (t.dkdv_warps, t.dkdv_block_m, t.dkdv_split),
+            (t.dq_warps, t.dq_block_n)]
+
+
+def config_structs(head_dim: int, budget: str, t: Tiles, large: Tiles | None = None) -> list[str]:
+    """The three kernels' config specialisations; with `large` given, only those whose tiles differ from it (the
+    launch asks for a kSmall config only where the large tiles need more than 99 KB, so an identical one is unused)."""
     arguments = f"{head_dim}, TileBudget::{budget}"
-    return [
+    structs = [
         f"template <>\nstruct ForwardConfig<{arguments}> {{\n  static constexpr int kWarps = {t.forward_warps};\n"
         f"  static constexpr int kMTiles = {t.forward_m_tiles};\n"
         f"  static constexpr int kBlockN = {t.forward_block_n};\n}};",
@@ -76,6 +84,9 @@ def config_structs(head_dim: int, budget: str, t: Tiles) -> list[str]:
         f"template <>\nstruct QueryGradientConfig<{arguments}> {{\n  static constexpr int kWarps = {t.dq_warps};\n"
         f"  static constexpr int kBlockN = {t.dq_block_n};\n}};\n",
     ]
+    if large is None:
+        return structs
+    return [text for text, mine, theirs in zip(structs, kernel_tiles(t), kernel_tiles(large)) if mine != theirs]
 
 
 def tile_configs() -> str:
@@ -88,7 +99,7 @@ def tile_configs() -> str:
     for d, t in TILES.items():
         lines += config_structs(d, "kLarge", t)
         if d in SMALL_BUDGET_TILES:
-            lines += config_structs(d, "kSmall", SMALL_BUDGET_TILES[d])
+            lines += config_structs(d, "kSmall", SMALL_BUDGET_TILES[d], large=t)
     lines.append("}  // namespace jax_flash::cuda_kernels::tensor_core")
     return "\n".join(lines) + "\n"
 

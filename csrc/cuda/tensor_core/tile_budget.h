@@ -13,14 +13,6 @@ namespace jax_flash::cuda_kernels::tensor_core {
 
 enum class TileBudget { kLarge, kSmall };
 
-// The table for kernels whose large tiles need `large_bytes` of shared memory per block: large where they fit.
-inline cudaError_t tile_budget(int large_bytes, TileBudget* budget) {
-  int limit = 0;
-  if (cudaError_t status = block_shared_memory_limit(&limit); status != cudaSuccess) return status;
-  *budget = large_bytes <= limit ? TileBudget::kLarge : TileBudget::kSmall;
-  return cudaSuccess;
-}
-
 // launch(std::integral_constant<TileBudget, ...>{}) with the table the current device takes, for kernels whose large
 // tiles need kLargeBytes of shared memory per block. Where those fit every GPU's 99 KB, only the large table exists.
 template <int kLargeBytes, class Launch>
@@ -29,10 +21,9 @@ cudaError_t launch_with_tile_budget(Launch&& launch) {
   if constexpr (kLargeBytes <= kSm86BlockSharedBytes) {
     return launch(Large{});
   } else {
-    TileBudget budget = TileBudget::kLarge;
-    if (cudaError_t status = tile_budget(kLargeBytes, &budget); status != cudaSuccess) return status;
-    return budget == TileBudget::kLarge ? launch(Large{})
-                                        : launch(std::integral_constant<TileBudget, TileBudget::kSmall>{});
+    int limit = 0;
+    if (cudaError_t status = block_shared_memory_limit(&limit); status != cudaSuccess) return status;
+    return kLargeBytes <= limit ? launch(Large{}) : launch(std::integral_constant<TileBudget, TileBudget::kSmall>{});
   }
 }
 

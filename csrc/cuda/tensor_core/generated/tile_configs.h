@@ -87,12 +87,6 @@ struct QueryGradientConfig<128, TileBudget::kLarge> {
 };
 
 template <>
-struct ForwardConfig<128, TileBudget::kSmall> {
-  static constexpr int kWarps = 4;
-  static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 64;
-};
-template <>
 struct KeyGradientConfig<128, TileBudget::kSmall> {
   static constexpr int kWarps = 4;
   static constexpr int kBlockM = 32;
@@ -158,12 +152,6 @@ struct QueryGradientConfig<256, TileBudget::kLarge> {
   static constexpr int kBlockN = 32;
 };
 
-template <>
-struct ForwardConfig<256, TileBudget::kSmall> {
-  static constexpr int kWarps = 4;
-  static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 32;
-};
 template <>
 struct KeyGradientConfig<256, TileBudget::kSmall> {
   static constexpr int kWarps = 2;
