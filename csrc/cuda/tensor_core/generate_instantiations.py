@@ -64,29 +64,29 @@ def instantiation_name(kind: str, dtype: str, head_dim: int) -> str:
     return f"attention_{kind}_{dtype}_hdim{head_dim}.cu"
 
 
-def kernel_tiles(t: Tiles) -> list[tuple]:
-    """Each kernel's own fields of a Tiles row: forward, dk/dv, dq."""
-    return [(t.forward_warps, t.forward_m_tiles, t.forward_block_n), (t.dkdv_warps, t.dkdv_block_m, t.dkdv_split),
-            (t.dq_warps, t.dq_block_n)]
+# Each kernel's config struct: its C++ members and the Tiles fields they take.
+KERNEL_CONFIGS = [
+    ("ForwardConfig", [("int", "kWarps", "forward_warps"), ("int", "kMTiles", "forward_m_tiles"),
+                       ("int", "kBlockN", "forward_block_n")]),
+    ("KeyGradientConfig", [("int", "kWarps", "dkdv_warps"), ("int", "kBlockM", "dkdv_block_m"),
+                           ("bool", "kSplitPasses", "dkdv_split")]),
+    ("QueryGradientConfig", [("int", "kWarps", "dq_warps"), ("int", "kBlockN", "dq_block_n")]),
+]
 
 
 def config_structs(head_dim: int, budget: str, t: Tiles, large: Tiles | None = None) -> list[str]:
     """The three kernels' config specialisations; with `large` given, only those whose tiles differ from it (the
     launch asks for a kSmall config only where the large tiles need more than 99 KB, so an identical one is unused)."""
-    arguments = f"{head_dim}, TileBudget::{budget}"
-    structs = [
-        f"template <>\nstruct ForwardConfig<{arguments}> {{\n  static constexpr int kWarps = {t.forward_warps};\n"
-        f"  static constexpr int kMTiles = {t.forward_m_tiles};\n"
-        f"  static constexpr int kBlockN = {t.forward_block_n};\n}};",
-        f"template <>\nstruct KeyGradientConfig<{arguments}> {{\n  static constexpr int kWarps = {t.dkdv_warps};\n"
-        f"  static constexpr int kBlockM = {t.dkdv_block_m};\n"
-        f"  static constexpr bool kSplitPasses = {'true' if t.dkdv_split else 'false'};\n}};",
-        f"template <>\nstruct QueryGradientConfig<{arguments}> {{\n  static constexpr int kWarps = {t.dq_warps};\n"
-        f"  static constexpr int kBlockN = {t.dq_block_n};\n}};\n",
-    ]
-    if large is None:
-        return structs
-    return [text for text, mine, theirs in zip(structs, kernel_tiles(t), kernel_tiles(large)) if mine != theirs]
+    structs = []
+    for struct, members in KERNEL_CONFIGS:
+        if large is not None and all(getattr(t, field) == getattr(large, field) for _, _, field in members):
+            continue
+        body = "".join(f"  static constexpr {kind} {name} = {str(getattr(t, field)).lower()};\n"
+                       for kind, name, field in members)
+        structs.append(f"template <>\nstruct {struct}<{head_dim}, TileBudget::{budget}> {{\n{body}}};")
+    if structs:
+        structs[-1] += "\n"  # a blank line after each group
+    return structs
 
 
 def tile_configs() -> str:
