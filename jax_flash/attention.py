@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from jax_flash import _jax_internals, _token_mask, _validation
 from jax_flash._config import AttentionConfig
@@ -14,19 +15,21 @@ from jax_flash.reference import attention_reference
 IMPLEMENTATIONS = (None, "xla")
 
 
+# (out, lse). The caller stops lse's gradient (as jax.nn does for its residual), so the backward ignores its cotangent.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash_attention(query, key, value, tokens: tuple, config: AttentionConfig):
-    out, _ = attention_fwd_p.bind(query, key, value, *tokens, config=config)
-    return out
+    out, lse = attention_fwd_p.bind(query, key, value, *tokens, config=config)
+    return out, lse
 
 
 def _flash_attention_fwd(query, key, value, tokens, config):
     out, lse = attention_fwd_p.bind(query, key, value, *tokens, config=config)
-    return out, (query, key, value, tokens, out, lse)
+    return (out, lse), (query, key, value, tokens, out, lse)
 
 
-def _flash_attention_bwd(config, residuals, dout):
+def _flash_attention_bwd(config, residuals, cotangents):
     query, key, value, tokens, out, lse = residuals
+    dout, _ = cotangents
     dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, *tokens, config=config)
     return dq, dk, dv, None  # the int32 token-mask operands have no gradient
 
@@ -48,7 +51,7 @@ def attention_config(query, key, *, scale, is_causal, query_seq_lengths, key_val
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal: bool = False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, softcap=None, segment_ids=None, segment_positions=None,
-                          deterministic: bool = False):
+                          deterministic: bool = False, return_residual: bool = False):
     """Scaled dot-product attention, softmax(scale * q k^T) v, with jax.nn.dot_product_attention's arguments.
 
     Args:
@@ -71,10 +74,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       deterministic: True asks for gradients that are bitwise identical run to run. False (the default) lets the
         Hopper backward (head dims 65 to 128, at least 2048 queries) sum dQ in one pass with reduce-adds, faster
         and equally accurate but in an order that varies between runs; every other call is deterministic either way.
+      return_residual: also return the softmax's log-sum-exp (natural log) of each query row's scaled logits, as
+        jax.nn does: shape [batch, seq_q, heads_q] ([seq_q, heads_q] unbatched), in query's dtype, with its
+        gradient stopped.
 
     Returns:
-      The attention output, shaped and typed like query. Rows that see no key (past their length, in a segment
-      absent from the keys, or outside every window) are 0, and so are their gradients.
+      The attention output, shaped and typed like query, or (output, residual) when return_residual. Rows that see
+      no key (past their length, in a segment absent from the keys, or outside every window) are 0, and so are
+      their gradients; their residual is -inf (where jax.nn's XLA path gives a large negative number).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
@@ -84,8 +91,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         if arg is not None:
             raise NotImplementedError(f"jax_flash.dot_product_attention does not accept {name}: {instead}")
     _validation.check_qkv(query, key, value)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
+    for name, flag in (("deterministic", deterministic), ("return_residual", return_residual)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     config, tokens = attention_config(query, key, scale=scale, is_causal=is_causal,
                                       query_seq_lengths=query_seq_lengths,
                                       key_value_seq_lengths=key_value_seq_lengths,
@@ -97,10 +105,15 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if unbatched:
         query, key, value = query[None], key[None], value[None]
     if implementation == "xla":
-        out = attention_reference(query, key, value, scale=scale, window_left=window_left,
-                                  window_right=window_right, softcap=softcap, **tokens)
+        out, lse = attention_reference(query, key, value, scale=scale, window_left=window_left,
+                                       window_right=window_right, softcap=softcap, return_lse=True, **tokens)
     else:
         # The token-mask operands join the varying-axes match so that inside shard_map they vary like q, k, v.
         query, key, value, *token_arrays = _jax_internals.match_varying_axes(query, key, value, *tokens.values())
-        out = _flash_attention(query, key, value, tuple(token_arrays), config)
-    return out[0] if unbatched else out
+        out, lse = _flash_attention(query, key, value, tuple(token_arrays), config)
+    if unbatched:
+        out, lse = out[0], lse[0]
+    if not return_residual:
+        return out
+    # lse is [..., heads, seq_q] float32; jax.nn's residual is [..., seq_q, heads] in the inputs' dtype.
+    return out, jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(out.dtype))
