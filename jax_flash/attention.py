@@ -72,9 +72,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       segment_positions: same forms as segment_ids: the positions that is_causal and local_window_size compare
         instead of the indices i and j (e.g. each token's position within its document).
       deterministic: True asks for gradients that are bitwise identical run to run. False (the default) lets the
-        CUDA backward sum dQ in one pass with atomic adds, faster and equally accurate but in an order that varies
-        between runs: on Hopper at head dims 65 to 128 with at least 2048 queries, on the sm80 kernels at head dims
-        up to 128 without a token mask. Every other call is deterministic either way.
+        Hopper backward (head dims 65 to 128, at least 2048 queries) sum dQ in one pass with reduce-adds, faster
+        and equally accurate but in an order that varies between runs; every other call is deterministic either way.
       return_residual: also return the softmax's log-sum-exp (natural log) of each query row's scaled logits, as
         jax.nn does: shape [batch, seq_q, heads_q] ([seq_q, heads_q] unbatched), in query's dtype, with its
         gradient stopped.

@@ -38,27 +38,15 @@ size_t forward_kernel_workspace_bytes() {
 #endif
 }
 
-// Whether fp16/bf16 calls try the Hopper kernels first (they decline head dims a pruned build left out).
-bool hopper_first() {
+size_t backward_kernel_workspace_bytes(const AttentionShape& shape, bool deterministic) {
+  const size_t sm80_bytes = cuda_kernels::backward_delta_bytes(shape);
 #if defined(JAX_FLASH_WITH_HOPPER)
-  return cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported();
+  // Sized at the handler before the kernel family is chosen, so enough for either.
+  const size_t hopper_bytes = cuda_kernels::hopper::backward_workspace_bytes(shape, deterministic);
+  return hopper_bytes > sm80_bytes ? hopper_bytes : sm80_bytes;
 #else
-  return false;
-#endif
-}
-
-// Sized at the handler before the kernel family is chosen. Where the Hopper kernels go first, an sm80 fallback
-// runs deterministic (launch_attention_backward), so the workspace need not hold its dQ sum as well.
-size_t backward_kernel_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens, bool deterministic) {
-  const size_t sm80_bytes =
-      cuda_kernels::tensor_core::backward_workspace_bytes(shape, deterministic || hopper_first(), tokens.any());
-#if defined(JAX_FLASH_WITH_HOPPER)
-  if (hopper_first()) {
-    const size_t hopper_bytes = cuda_kernels::hopper::backward_workspace_bytes(shape, deterministic);
-    return hopper_bytes > sm80_bytes ? hopper_bytes : sm80_bytes;
-  }
-#endif
   return sm80_bytes;
+#endif
 }
 
 // Workspaces hold the kernels' own scratch, then the chunk summaries when there is a token mask.
@@ -74,7 +62,7 @@ size_t attention_forward_workspace_bytes(const AttentionShape& shape, const Toke
 }
 
 size_t attention_backward_workspace_bytes(const AttentionShape& shape, const TokenMask& tokens, bool deterministic) {
-  return workspace_bytes(backward_kernel_workspace_bytes(shape, tokens, deterministic), shape, tokens);
+  return workspace_bytes(backward_kernel_workspace_bytes(shape, deterministic), shape, tokens);
 }
 
 cudaError_t launch_attention_forward(const AttentionForwardParams& call, void* workspace, cudaStream_t stream) {
@@ -129,15 +117,14 @@ cudaError_t launch_attention_backward(const AttentionBackwardParams& call, void*
   if (call.dtype == DType::kFloat32) return cuda_kernels::attention_backward_simple(call, workspace, stream);
   AttentionBackwardParams params = call;
   void* chunks = static_cast<char*>(workspace) +
-                 chunks_offset(backward_kernel_workspace_bytes(params.shape, params.tokens, params.deterministic));
+                 chunks_offset(backward_kernel_workspace_bytes(params.shape, params.deterministic));
   if (const cudaError_t status = cuda_kernels::summarize_token_chunks(params.shape, &params.tokens, chunks, stream);
       status != cudaSuccess)
     return status;
 #if defined(JAX_FLASH_WITH_HOPPER)
-  if (hopper_first()) {
+  if (cuda_kernels::hopper_kernels_allowed() && cuda_kernels::hopper::device_supported()) {
     const cudaError_t status = cuda_kernels::hopper::backward(params, workspace, stream);
     if (status != cudaErrorNotSupported) return status;
-    params.deterministic = true;  // the workspace holds no sm80 dQ sum (backward_kernel_workspace_bytes)
   }
 #endif
   return cuda_kernels::tensor_core::backward(params, workspace, stream);

@@ -8,8 +8,6 @@
 //            s^T = k q^T, dp^T = v dout^T, p^T = exp2(s^T - lse), ds^T = p^T (dp^T - delta) slope,
 //            dv += p^T dout, dk += ds^T q.
 //          Head dims whose two accumulators would not fit in registers run it twice, once per gradient.
-//          Unless the call asks for determinism, at head dims up to 128 it also adds dq += ds k into a float32 sum
-//          with atomics (query_gradient_sum.cuh), and the dq kernel does not run.
 //   dq:    a block owns query rows like the forward and walks the visible key blocks, double-buffered:
 //            s = q k^T, dp = dout v^T, ds = p (dp - delta) slope, dq += ds k.
 //
@@ -30,7 +28,6 @@
 #include "../backward_delta.h"
 #include "logits.cuh"
 #include "query_block.cuh"
-#include "query_gradient_sum.cuh"
 #include "generated/tile_configs.h"
 #include "launch_with_smem.cuh"
 #include "smem_tile.cuh"
@@ -55,21 +52,13 @@ struct KeyGradientLayout {
   static constexpr int kSmemBytes =
       2 * KVTile::kBytes + 4 * QTile::kBytes + 4 * kBlockM * static_cast<int>(sizeof(float));
   // The token variant's per-thread entry bits add kThreads words of static shared memory.
-  static constexpr int kStaticBytes = kThreads * 8;
-  static_assert(kBudget == TileBudget::kLarge || kSmemBytes + kStaticBytes <= kSm86BlockSharedBytes,
+  static_assert(kBudget == TileBudget::kLarge || kSmemBytes + kThreads * 8 <= kSm86BlockSharedBytes,
                 "small tiles must fit 99 KB");
-  // The fused dq (query_gradient_sum.cuh) adds dS^T, keys x queries, after the rows' statistics. Only the large
-  // tiles of one pass fuse: with the small ones (head dim 128: 4 warps) the kernel spilled (nvcc 13.0, sm_80).
-  using ScoreTile = SmemTile<Element, kBlockN, kBlockM>;
-  static constexpr int kFusedSmemBytes = kSmemBytes + ScoreTile::kBytes;
-  static constexpr bool kFuses = !Config::kSplitPasses && kBudget == TileBudget::kLarge;
 };
 
-// kFusedQuery: also dq += ds k into query_gradient_sum (query_gradient_sum.cuh); nullptr otherwise.
-template <typename Element, int kHeadDim, TileBudget kBudget, KeyGradients kWhich, bool kTokens, bool kFusedQuery>
+template <typename Element, int kHeadDim, TileBudget kBudget, KeyGradients kWhich, bool kTokens>
 __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim, kBudget>::kThreads)
-    attention_backward_dkdv_kernel(const AttentionBackwardParams params, const float* delta,
-                                   float* query_gradient_sum) {
+    attention_backward_dkdv_kernel(const AttentionBackwardParams params, const float* delta) {
   using Layout = KeyGradientLayout<Element, kHeadDim, kBudget>;
   constexpr int kThreads = Layout::kThreads;
   constexpr int kBlockM = Layout::kBlockM;
@@ -78,8 +67,6 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim, kBudget>:
   constexpr int kMTiles = kBlockM / 8;  // queries are the columns of s^T
   constexpr bool kValue = kWhich != KeyGradients::kKeyOnly;
   constexpr bool kKey = kWhich != KeyGradients::kValueOnly;
-  static_assert(!kFusedQuery || (Layout::kFuses && !kTokens && kWhich == KeyGradients::kBoth),
-                "fused: one pass over dense tiles");
 
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   using KVTile = typename Layout::KVTile;
@@ -91,7 +78,6 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim, kBudget>:
   Element* const dout_tiles = q_tiles + 2 * QTile::kElements;
   float* const lse_log2_rows = reinterpret_cast<float*>(dout_tiles + 2 * QTile::kElements);
   float* const delta_rows = lse_log2_rows + 2 * kBlockM;
-  const typename Layout::ScoreTile score_tile{reinterpret_cast<Element*>(delta_rows + 2 * kBlockM)};  // fused only
 
   const AttentionShape& shape = params.shape;
   const AttentionMask& mask = params.mask;
@@ -229,16 +215,7 @@ __global__ void __launch_bounds__(KeyGradientLayout<Element, kHeadDim, kBudget>:
     if (kKey) {
       uint32_t ds_operand[1][kMTiles / 2][4];
       accumulator_to_operand<Element>(dp, ds_operand);
-      if constexpr (kFusedQuery) store_score_gradients(ds_operand, score_tile, warp_key);
       mma_registers_by_columns<Element, 1, kDTiles, kMTiles / 2>(dk, ds_operand, q_tile, 0);
-    }
-    if constexpr (kFusedQuery) {
-      __syncthreads();  // every warp's rows of dS^T are in place (the loop's next barrier guards their reuse)
-      const int64_t head = kv_head * group + step / m_count;
-      const int64_t row_stride = shape.heads_q * head_dim;
-      add_query_gradient<Element, Layout::Config::kWarps, kBlockM, kBlockN, kHeadDim>(
-          score_tile, k_tile, query_gradient_sum + (batch * shape.seqlen_q + query0) * row_stride + head * head_dim,
-          row_stride, static_cast<int>(std::min<int64_t>(shape.seqlen_q - query0, kBlockM)), head_dim);
     }
     step = next;
   }
@@ -431,43 +408,24 @@ __global__ void __launch_bounds__(QueryGradientLayout<Element, kHeadDim, kBudget
   }
 }
 
-// The gradient kernels of one tile table: dk/dv (one or two passes) then dq, or with a dQ sum (non-null only where
-// the table's dk/dv kernel fuses it) the fused dk/dv kernel and the rounding of the sum into dq. Under a token mask
-// the two kernels run either way: the fused token variant spilled 32-92 bytes (nvcc 13.0, sm_80).
 template <typename Element, int kHeadDim, TileBudget kBudget, bool kTokens>
-cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const float* delta,
-                                    float* query_gradient_sum, cudaStream_t stream) {
+cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const float* delta, cudaStream_t stream) {
   using KeyLayout = KeyGradientLayout<Element, kHeadDim, kBudget>;
   using QueryLayout = QueryGradientLayout<Element, kHeadDim, kBudget>;
   const AttentionShape& shape = params.shape;
   cudaError_t status = cudaSuccess;
   const int64_t key_blocks =
       (shape.seqlen_k + KeyLayout::kBlockN - 1) / KeyLayout::kBlockN * shape.heads_kv * shape.batch;
-  const auto key_pass = [&](auto kernel, int smem_bytes, float* sum) {
-    return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, smem_bytes, stream, params, delta, sum);
+  const auto key_pass = [&](auto kernel) {
+    return launch_with_smem(kernel, key_blocks, KeyLayout::kThreads, KeyLayout::kSmemBytes, stream, params, delta);
   };
-  if constexpr (KeyLayout::kFuses && !kTokens) {
-    if (query_gradient_sum != nullptr) {
-      status = cudaMemsetAsync(query_gradient_sum, 0, query_gradient_sum_bytes(shape), stream);
-      if (status == cudaSuccess)
-        status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kBoth, kTokens, true>,
-                          KeyLayout::kFusedSmemBytes, query_gradient_sum);
-      if (status != cudaSuccess) return status;
-      return launch_round_query_gradient<Element>(query_gradient_sum, params.dq, shape, params.scale, stream);
-    }
-  }
   if constexpr (KeyLayout::Config::kSplitPasses) {
     if (status == cudaSuccess)
-      status = key_pass(
-          attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kValueOnly, kTokens, false>,
-          KeyLayout::kSmemBytes, nullptr);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kValueOnly, kTokens>);
     if (status == cudaSuccess)
-      status = key_pass(
-          attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kKeyOnly, kTokens, false>,
-          KeyLayout::kSmemBytes, nullptr);
+      status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kKeyOnly, kTokens>);
   } else {
-    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kBoth, kTokens, false>,
-                      KeyLayout::kSmemBytes, nullptr);
+    status = key_pass(attention_backward_dkdv_kernel<Element, kHeadDim, kBudget, KeyGradients::kBoth, kTokens>);
   }
   if (status != cudaSuccess) return status;
   return launch_with_smem(attention_backward_dq_kernel<Element, kHeadDim, kBudget, kTokens>,
@@ -476,13 +434,9 @@ cudaError_t launch_backward_kernels(const AttentionBackwardParams& params, const
 }
 
 template <typename Element, int kHeadDim, TileBudget kBudget>
-cudaError_t launch_backward_tiles(const AttentionBackwardParams& params, const float* delta, float* query_gradient_sum,
-                                  cudaStream_t stream) {
-  // A table whose dk/dv kernel cannot fuse runs the two-kernel backward (its workspace's sum goes unused).
-  if constexpr (!KeyGradientLayout<Element, kHeadDim, kBudget>::kFuses) query_gradient_sum = nullptr;
-  return params.tokens.any()
-             ? launch_backward_kernels<Element, kHeadDim, kBudget, true>(params, delta, query_gradient_sum, stream)
-             : launch_backward_kernels<Element, kHeadDim, kBudget, false>(params, delta, query_gradient_sum, stream);
+cudaError_t launch_backward_tiles(const AttentionBackwardParams& params, const float* delta, cudaStream_t stream) {
+  return params.tokens.any() ? launch_backward_kernels<Element, kHeadDim, kBudget, true>(params, delta, stream)
+                             : launch_backward_kernels<Element, kHeadDim, kBudget, false>(params, delta, stream);
 }
 
 template <typename Element, int kHeadDim>
@@ -491,17 +445,10 @@ cudaError_t launch_backward(const AttentionBackwardParams& params, void* workspa
   // Stream order makes delta complete before the gradient kernels read it.
   const cudaError_t status = launch_backward_delta(params, delta, stream);
   if (status != cudaSuccess) return status;
-  using LargeKeys = KeyGradientLayout<Element, kHeadDim, TileBudget::kLarge>;
-  using LargeQueries = QueryGradientLayout<Element, kHeadDim, TileBudget::kLarge>;
-  if (fuses_query_gradient(params.shape, params.deterministic, params.tokens.any())) {
-    float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(params.shape));
-    return launch_with_tile_budget<LargeKeys::kFusedSmemBytes>([&](auto budget) {
-      return launch_backward_tiles<Element, kHeadDim, decltype(budget)::value>(params, delta, sum, stream);
-    });
-  }
-  constexpr int kLargeBytes = std::max(LargeKeys::kSmemBytes, LargeQueries::kSmemBytes);
+  constexpr int kLargeBytes = std::max(KeyGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes,
+                                       QueryGradientLayout<Element, kHeadDim, TileBudget::kLarge>::kSmemBytes);
   return launch_with_tile_budget<kLargeBytes>([&](auto budget) {
-    return launch_backward_tiles<Element, kHeadDim, decltype(budget)::value>(params, delta, nullptr, stream);
+    return launch_backward_tiles<Element, kHeadDim, decltype(budget)::value>(params, delta, stream);
   });
 }
 
