@@ -40,8 +40,9 @@ def test_fp8_case_is_forward_only_and_peers_run_on_the_same_values(monkeypatch):
     # xla alone beside jax_flash: the peer every platform has (a GPU's default list adds cuDNN and others).
     rows = benchmark.run("full", ("fwd", "fwd+bwd"), 0.01, only=("xla",))
     assert sorted((r["impl"], r["part"]) for r in rows) == [("jax_flash", "fwd"), ("xla", "fwd")]
-    assert all(r["ms"] > 0 and np.isfinite(r["tflops"]) for r in rows)
-    assert next(r for r in rows if r["impl"] == "jax_flash")["max_abs_err"] <= 3e-2  # the check passed
+    assert all(r["ms"] > 0 and np.isfinite(r["tflops"]) for r in rows), rows  # a failed peer's row has ms = nan
+    # The check passed, within the FP8 tolerance: the Hopper kernel rounds the probabilities to e4m3 (the CPU does not).
+    assert next(r for r in rows if r["impl"] == "jax_flash")["max_abs_err"] <= benchmark.TOLERANCE[benchmark.FP8]
 
 
 @pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, (5, 0)), (False, (3, 7))])
