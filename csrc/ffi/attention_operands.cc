@@ -1,37 +1,17 @@
 #include "attention_operands.h"
 
-#include <sstream>
 #include <tuple>
 #include <vector>
 
 namespace jax_flash {
 namespace {
 
-std::string dims_string(ffi::Span<const int64_t> dims) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
-  out << "]";
-  return out.str();
-}
-
-bool same_dims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
-
-ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument("jax_flash: " + message); }
-
 // `buffer` must have the dtype and shape of `like`.
 ffi::Error check_like(const char* name, const ffi::AnyBuffer& buffer, const ffi::AnyBuffer& like) {
   const ffi::DataType dtype = buffer.element_type(), expected_dtype = like.element_type();
   const auto dims = buffer.dimensions(), expected_dims = like.dimensions();
   if (dtype != expected_dtype) return invalid(std::string(name) + " has a different dtype than expected");
-  if (!same_dims(dims, expected_dims))
-    return invalid(std::string(name) + " has shape " + dims_string(dims) + ", expected " + dims_string(expected_dims));
-  return ffi::Error::Success();
+  return check_dims(name, dims, expected_dims);
 }
 
 // Validates the shapes of q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (v like k, k of q's dtype) and fills shape.
@@ -50,31 +30,19 @@ ffi::Error decode_qkv_shape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, co
                          shape->head_dim})
     if (extent <= 0) return invalid("every dimension must be positive, got " + dims_string(qd) + " and " + dims_string(kd));
   if (shape->heads_q % shape->heads_kv != 0) return invalid("query heads must be a multiple of key/value heads");
-  if (shape->head_dim > limits.max_head_dim || shape->head_dim % limits.head_dim_multiple != 0)
-    return invalid("head_dim " + std::to_string(shape->head_dim) + " unsupported on this platform (at most " +
-                   std::to_string(limits.max_head_dim) + ", a multiple of " +
-                   std::to_string(limits.head_dim_multiple) + ")");
-  return ffi::Error::Success();
+  return check_head_dim(limits, shape->head_dim);
 }
 
 // decode_qkv_shape, and the dtype of the 16- and 32-bit calls.
 ffi::Error decode_qkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                       const PlatformLimits& limits, AttentionShape* shape, DType* dtype) {
-  switch (q.element_type()) {
-    case ffi::DataType::F32: *dtype = DType::kFloat32; break;
-    case ffi::DataType::F16: *dtype = DType::kFloat16; break;
-    case ffi::DataType::BF16: *dtype = DType::kBFloat16; break;
-    default: return invalid("dtype must be float32, float16 or bfloat16");
-  }
+  if (auto error = element_dtype(q.element_type(), dtype); error.failure()) return error;
   return decode_qkv_shape(q, k, v, limits, shape);
 }
 
 // lse is [B, Hq, Sq].
 ffi::Error check_lse(ffi::Span<const int64_t> dims, const AttentionShape& shape) {
-  const int64_t expected[] = {shape.batch, shape.heads_q, shape.seqlen_q};
-  if (!same_dims(dims, ffi::Span<const int64_t>(expected, 3)))
-    return invalid("lse has shape " + dims_string(dims) + ", expected [batch, heads, seq_q]");
-  return ffi::Error::Success();
+  return check_dims("lse [batch, heads, seq_q]", dims, {shape.batch, shape.heads_q, shape.seqlen_q});
 }
 
 // Fills `mask` from the token-mask operands, checking each present one's dtype and shape, that the absent ones are
@@ -113,9 +81,7 @@ ffi::Error decode_tokens(const ffi::RemainingArgs& args, int64_t present, const 
         return invalid(std::string(input.name) + " is marked absent but its placeholder is not empty");
       continue;
     }
-    if (!same_dims(dims, ffi::Span<const int64_t>(input.dims.data(), input.dims.size())))
-      return invalid(std::string(input.name) + " has shape " + dims_string(dims) + ", expected " +
-                     dims_string(ffi::Span<const int64_t>(input.dims.data(), input.dims.size())));
+    if (auto error = check_dims(input.name, dims, input.dims); error.failure()) return error;
     *input.data = buffer->typed_data<int32_t>();
   }
   return ffi::Error::Success();
@@ -154,7 +120,7 @@ ffi::Error decode_fp8_forward(const PlatformLimits& limits, const ffi::AnyBuffer
                               const AttentionAttrs& attrs, AttentionForwardParams* params) {
   if (q.element_type() != ffi::DataType::F8E4M3FN) return invalid("FP8 attention takes float8_e4m3fn inputs");
   if (auto error = decode_qkv_shape(q, k, v, limits, &params->shape); error.failure()) return error;
-  if (out.element_type() != ffi::DataType::BF16 || !same_dims(out.dimensions(), q.dimensions()))
+  if (out.element_type() != ffi::DataType::BF16 || !(out.dimensions() == q.dimensions()))
     return invalid("FP8 attention's out must be bfloat16 shaped like the query, got " + dims_string(out.dimensions()));
   if (descale.element_count() != 2)
     return invalid("FP8 attention's descale operand must hold {query_scale * key_scale, value_scale}");

@@ -9,11 +9,10 @@
 
 #include "../attention_params.h"
 #include "attention_attrs.h"
+#include "operand_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash {
-
-namespace ffi = ::xla::ffi;
 
 // The forward's outputs and attributes, after its operands; taken by reference because a binding cannot be moved
 // into a parameter (XLA's Binding only builds on itself through its member functions).
@@ -58,12 +57,6 @@ auto bind_backward_operands(Binding binding) {
       .template Ret<ffi::AnyBuffer>()
       .template Attrs<AttentionAttrs>();
 }
-
-// What a platform's kernels accept beyond the common rules.
-struct PlatformLimits {
-  int64_t max_head_dim;
-  int64_t head_dim_multiple;
-};
 
 // Validate the operands (shapes, dtypes, platform limits) and fill the kernel params, tokens included.
 ffi::Error decode_forward(const PlatformLimits& limits, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,

@@ -7,8 +7,6 @@
 namespace jax_flash {
 namespace {
 
-constexpr PlatformLimits kCpuLimits{256, 1};
-
 ffi::Error forward_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                        ffi::RemainingArgs tokens, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::Buffer<ffi::F32>> lse, AttentionAttrs attrs) {

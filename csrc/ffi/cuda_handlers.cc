@@ -12,8 +12,6 @@
 namespace jax_flash {
 namespace {
 
-constexpr PlatformLimits kCudaLimits{256, 8};
-
 ffi::Error launch_status(const char* what, cudaError_t status) {
   if (status == cudaSuccess) return ffi::Error::Success();
   if (status == cudaErrorNotSupported)

@@ -7,8 +7,6 @@
 namespace jax_flash {
 namespace {
 
-constexpr PlatformLimits kCpuLimits{256, 1};
-
 ffi::Error decode_cpu_handler(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                               ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> page_table,
                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,

@@ -15,8 +15,6 @@
 namespace jax_flash {
 namespace {
 
-constexpr PlatformLimits kCudaLimits{256, 8};
-
 ffi::Error cuda_status(const char* what, cudaError_t status) {
   if (status == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("jax_flash: ") + what + " failed: " + cudaGetErrorString(status));

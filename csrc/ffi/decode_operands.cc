@@ -1,44 +1,9 @@
 #include "decode_operands.h"
 
-#include <sstream>
 #include <string>
 
 namespace jax_flash {
 namespace {
-
-std::string dims_string(ffi::Span<const int64_t> dims) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
-  out << "]";
-  return out.str();
-}
-
-bool dims_equal(ffi::Span<const int64_t> dims, std::initializer_list<int64_t> expected) {
-  if (dims.size() != expected.size()) return false;
-  size_t i = 0;
-  for (int64_t e : expected)
-    if (dims[i++] != e) return false;
-  return true;
-}
-
-ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument("jax_flash: " + message); }
-
-ffi::Error check_dims(const char* name, ffi::Span<const int64_t> dims, std::initializer_list<int64_t> expected) {
-  if (dims_equal(dims, expected)) return ffi::Error::Success();
-  std::vector<int64_t> e(expected);
-  return invalid(std::string(name) + " has shape " + dims_string(dims) + ", expected " +
-                 dims_string(ffi::Span<const int64_t>(e.data(), e.size())));
-}
-
-ffi::Error element_dtype(ffi::DataType type, DType* dtype) {
-  switch (type) {
-    case ffi::DataType::F32: *dtype = DType::kFloat32; return ffi::Error::Success();
-    case ffi::DataType::F16: *dtype = DType::kFloat16; return ffi::Error::Success();
-    case ffi::DataType::BF16: *dtype = DType::kBFloat16; return ffi::Error::Success();
-    default: return invalid("dtype must be float32, float16 or bfloat16");
-  }
-}
 
 // k and v pools [num_pages, page_size, heads_kv, head_dim] of one dtype, and the page table [batch, pages_per_seq].
 ffi::Error decode_cache(const PlatformLimits& limits, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
@@ -55,11 +20,7 @@ ffi::Error decode_cache(const PlatformLimits& limits, const ffi::AnyBuffer& k, c
   *cache = PagedCache{kd[0], kd[1], td[1], kd[2], kd[3], page_table.typed_data()};
   for (int64_t extent : {cache->num_pages, cache->page_size, cache->pages_per_seq, cache->heads_kv, cache->head_dim})
     if (extent <= 0) return invalid("cache and page_table dimensions must be positive");
-  if (cache->head_dim > limits.max_head_dim || cache->head_dim % limits.head_dim_multiple != 0)
-    return invalid("head_dim " + std::to_string(cache->head_dim) + " unsupported on this platform (at most " +
-                   std::to_string(limits.max_head_dim) + ", a multiple of " +
-                   std::to_string(limits.head_dim_multiple) + ")");
-  return ffi::Error::Success();
+  return check_head_dim(limits, cache->head_dim);
 }
 
 }  // namespace
