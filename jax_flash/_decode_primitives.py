@@ -7,19 +7,24 @@ int32 (jax_flash.decode passes a contiguous cache as one page per sequence), so 
                                                                       lse [batch, heads, q_len] float32
   kv_cache_update(k_pool, v_pool, new_k, new_v, positions, page_table) -> (k_pool, v_pool), updated in place: the
                                                                       results alias the first two operands.
+
+Both take a static `contiguous`: whether the pool is a contiguous cache [batch, max_len, ...] and the page table the
+identity, which lets a mesh split the cache along the batch (_decode_partitioning.py).
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jax_flash import _ffi
+from jax_flash import _ffi, _jax_internals
 from jax_flash._config import AttentionConfig
-from jax_flash._primitives import _check_platform
+from jax_flash._decode_partitioning import partitioned_decode, partitioned_update
+from jax_flash._primitives import _check_platform, _lse_aval
 
 decode_p = Primitive("jax_flash_decode")
 decode_p.multiple_results = True
@@ -27,14 +32,13 @@ kv_cache_update_p = Primitive("jax_flash_kv_cache_update")
 kv_cache_update_p.multiple_results = True
 
 
-def _decode_abstract_eval(q, k, v, lengths, page_table, *, config: AttentionConfig):
-    del k, v, lengths, page_table, config  # validated by jax_flash.decode before binding
-    batch, q_len, heads, _ = q.shape
-    return q.update(weak_type=False), jax.core.ShapedArray((batch, heads, q_len), jnp.float32)
+def _decode_abstract_eval(q, k, v, lengths, page_table, *, config: AttentionConfig, contiguous: bool):
+    del k, v, lengths, page_table, config, contiguous  # validated by jax_flash.decode before binding
+    return q.update(weak_type=False), _lse_aval(q)
 
 
-def _update_abstract_eval(k, v, new_k, new_v, positions, page_table):
-    del new_k, new_v, positions, page_table
+def _update_abstract_eval(k, v, new_k, new_v, positions, page_table, *, contiguous: bool):
+    del new_k, new_v, positions, page_table, contiguous
     return k.update(weak_type=False), v.update(weak_type=False)
 
 
@@ -75,34 +79,46 @@ def decode_workspace_elements(q_shape, kv_heads: int, capacity: int) -> int:
     return max(splits * batch * q_len * heads * (head_dim + 1), 1)
 
 
-def _decode_lowering(platform: str):
-    target = _ffi.target_name("decode", platform)
+def _decode_call(q, k, v, lengths, page_table, config: AttentionConfig, *, platform: str):
+    """The FFI decode kernel on (local) operands; on CUDA its workspace is a third result, dropped here."""
+    batch, q_len, heads, _ = q.shape
+    results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)]
+    if platform == "cuda":
+        capacity = page_table.shape[1] * k.shape[1]
+        results.append(jax.ShapeDtypeStruct((decode_workspace_elements(q.shape, k.shape[2], capacity),),
+                                            jnp.float32))
+    call = jax.ffi.ffi_call(_ffi.target_name("decode", platform), results)
+    return tuple(call(q, k, v, lengths, page_table, **config.ffi_attributes())[:2])
 
-    def rule(ctx, *operands, config: AttentionConfig):
-        q, k, _, _, page_table = ctx.avals_in
-        _check_platform(platform, q.shape[-1])
-        batch, q_len, heads, _ = q.shape
-        results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)]
-        if platform == "cuda":
-            capacity = page_table.shape[1] * k.shape[1]
-            results.append(jax.ShapeDtypeStruct((decode_workspace_elements(q.shape, k.shape[2], capacity),),
-                                                jnp.float32))
-        call = jax.ffi.ffi_call(target, results)
-        return mlir.lower_fun(lambda *args: call(*args, **config.ffi_attributes())[:2], multiple_results=True)(
-            ctx, *operands)
+
+def _update_call(k, v, new_k, new_v, positions, page_table, *, platform: str):
+    results = (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype))
+    call = jax.ffi.ffi_call(_ffi.target_name("kv_cache_update", platform), results, input_output_aliases={0: 0, 1: 1})
+    return tuple(call(k, v, new_k, new_v, positions, page_table))
+
+
+# One function object per platform: the partitioned kernels are cached by it.
+_DECODE_CALLS = {p: functools.partial(_decode_call, platform=p) for p in ("cpu", "cuda")}
+_UPDATE_CALLS = {p: functools.partial(_update_call, platform=p) for p in ("cpu", "cuda")}
+
+
+def _decode_lowering(platform: str):
+    def rule(ctx, *operands, config: AttentionConfig, contiguous: bool):
+        _check_platform(platform, ctx.avals_in[0].shape[-1])
+        kernel = partitioned_decode(_DECODE_CALLS[platform], ctx.avals_in[0].shape[2], ctx.avals_in[1].shape[2],
+                                    contiguous)
+
+        return mlir.lower_fun(lambda *args: kernel(config, *args), multiple_results=True)(ctx, *operands)
 
     return rule
 
 
 def _update_lowering(platform: str):
-    target = _ffi.target_name("kv_cache_update", platform)
+    def rule(ctx, *operands, contiguous: bool):
+        _check_platform(platform, ctx.avals_in[0].shape[-1])
+        kernel = partitioned_update(_UPDATE_CALLS[platform], ctx.avals_in[0].shape[2], contiguous)
 
-    def rule(ctx, *operands):
-        k, v = ctx.avals_in[:2]
-        _check_platform(platform, k.shape[-1])
-        results = (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype))
-        call = jax.ffi.ffi_call(target, results, input_output_aliases={0: 0, 1: 1})
-        return mlir.lower_fun(call, multiple_results=True)(ctx, *operands)
+        return mlir.lower_fun(kernel, multiple_results=True)(ctx, *operands)
 
     return rule
 
@@ -141,17 +157,19 @@ def _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped: boo
     return _merge(k), _merge(v), _merge(table + offsets)
 
 
-def _decode_batch(args, dims, *, config):
+def _decode_batch(args, dims, *, config, contiguous):
     q, k, v, lengths, table = args
     q_dim, k_dim, v_dim, lengths_dim, table_dim = dims
     size = _vmapped_size(args, dims)
+    # A shared contiguous cache is no longer one page per sequence of the merged batch.
+    contiguous = contiguous and not (k_dim is None and v_dim is None)
     k, v, table = _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped=True)
     q, lengths = _merge(_leading(q, q_dim, size)), _merge(_leading(lengths, lengths_dim, size))
-    out, lse = decode_p.bind(q, k, v, lengths, table, config=config)
+    out, lse = decode_p.bind(q, k, v, lengths, table, config=config, contiguous=contiguous)
     return [r.reshape(size, r.shape[0] // size, *r.shape[1:]) for r in (out, lse)], [0, 0]
 
 
-def _update_batch(args, dims):
+def _update_batch(args, dims, *, contiguous):
     k, v, new_k, new_v, positions, table = args
     k_dim, v_dim, new_k_dim, new_v_dim, positions_dim, table_dim = dims
     size = _vmapped_size(args, dims)
@@ -159,14 +177,10 @@ def _update_batch(args, dims):
     k, v, table = _merge_pools(k, v, table, k_dim, v_dim, table_dim, size, share_unmapped=False)
     new_k, new_v, positions = (_merge(_leading(x, d, size))
                                for x, d in ((new_k, new_k_dim), (new_v, new_v_dim), (positions, positions_dim)))
-    k, v = kv_cache_update_p.bind(k, v, new_k, new_v, positions, table)
+    k, v = kv_cache_update_p.bind(k, v, new_k, new_v, positions, table, contiguous=contiguous)
     return [x.reshape(size, pages, *x.shape[1:]) for x in (k, v)], [0, 0]
 
 
 batching.primitive_batchers[decode_p] = _decode_batch
 batching.primitive_batchers[kv_cache_update_p] = _update_batch
-
-
-def identity_page_table(batch: int):
-    """The page table that makes a contiguous cache [batch, max_len, ...] a pool of one page per sequence."""
-    return jnp.asarray(np.arange(batch, dtype=np.int32)[:, None])
+_jax_internals.require_devices_during_lowering(decode_p, kv_cache_update_p)

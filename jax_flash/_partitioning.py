@@ -101,22 +101,27 @@ def _partitioned_kernel(op: str, target: str, heads_q: int, heads_kv: int, token
 
 
 def _shardy_rule(op: str, heads_q: int, heads_kv: int, token_inputs: tuple = ()) -> dict:
-    """Einsum-like rule for Shardy, e.g. 'b sq (hk g) d, b sk hk d, b sk hk d -> b sq (hk g) d, b (hk g) sq'.
-
-    Shardy allows no factor of size 1 in a compound, so without GQA the query heads are the kv heads' factor, and
-    with a single kv head (MQA) a factor of their own.
-    """
-    group = heads_q // heads_kv
-    heads, sizes = "(hk g)", {"g": group}
-    if group == 1:
-        heads, sizes = "hk", {}
-    elif heads_kv == 1:
-        heads, sizes = "h", {}
+    """Einsum-like rule for Shardy, e.g. 'b sq (hk g) d, b sk hk d, b sk hk d -> b sq (hk g) d, b (hk g) sq'."""
+    heads, sizes = query_head_factors(heads_q, heads_kv)
     layout = {"q": f"b sq {heads} d", "kv": "b sk hk d", "lse": f"b {heads} sq", "descale": "c", "len": "b",
               "q_tok": "b sq", "kv_tok": "b sk"}
     operands, results = _roles(op, token_inputs)
     rule = ", ".join(layout[r] for r in operands) + " -> " + ", ".join(layout[r] for r in results)
     return dict(sharding_rule=rule, **sizes)
+
+
+def query_head_factors(heads_q: int, heads_kv: int) -> tuple[str, dict]:
+    """The Shardy factors of the query head axis, beside "hk" for the kv heads: (factors, their sizes).
+
+    (kv_heads, group), kv_heads major; Shardy allows no factor of size 1 in a compound, so without GQA the query heads
+    are the kv heads' factor, and with a single kv head (MQA) a factor of their own.
+    """
+    group = heads_q // heads_kv
+    if group == 1:
+        return "hk", {}
+    if heads_kv == 1:
+        return "h", {}
+    return "(hk g)", {"g": group}
 
 
 def _sum_kv_gradients(kernel, group_axes, *operands):
@@ -133,26 +138,30 @@ def _shardings(op: str, arg_shapes, token_inputs: tuple = ()):
     """
     query = arg_shapes[_QUERY_OPERAND[op]]
     heads_kv = arg_shapes[_QUERY_OPERAND[op] + 1].shape[2]
-    sharding = query.sharding
-    if not isinstance(sharding, NamedSharding):
-        # What custom_partitioning hands over without a mesh, e.g. inside a shard_map that leaves some axes automatic.
-        raise NotImplementedError(
-            f"jax_flash partitions attention over the mesh of NamedShardings, and got the query sharding {sharding} "
-            f"without one. Give jit NamedSharding inputs; inside jax.shard_map, make every mesh axis manual (the "
-            f"default axis_names)")
-    mesh = sharding.mesh
-    spec = tuple(sharding.spec) + (None,) * (4 - len(sharding.spec))
+    mesh, spec = mesh_and_spec(query, "attention", "query")
     batch = spec[0]
-    heads, kv_heads = _head_axes(mesh, _axis_names(spec[2]), query.shape[2], heads_kv)
-    specs = {"q": P(batch, None, _entry(heads), None), "kv": P(batch, None, _entry(kv_heads), None),
-             "lse": P(batch, _entry(heads), None), "descale": P(None), "len": P(batch), "q_tok": P(batch, None),
+    heads, kv_heads = head_axes(mesh, axis_names(spec[2]), query.shape[2], heads_kv)
+    specs = {"q": P(batch, None, spec_entry(heads), None), "kv": P(batch, None, spec_entry(kv_heads), None),
+             "lse": P(batch, spec_entry(heads), None), "descale": P(None), "len": P(batch), "q_tok": P(batch, None),
              "kv_tok": P(batch, None)}
     operands, results = _roles(op, token_inputs)
     return (tuple(NamedSharding(mesh, specs[r]) for r in operands),
             tuple(NamedSharding(mesh, specs[r]) for r in results), heads[len(kv_heads):])
 
 
-def _head_axes(mesh, requested: tuple, heads_q: int, heads_kv: int) -> tuple[tuple, tuple]:
+def mesh_and_spec(arg_shape, op_name: str, operand_name: str):
+    """(mesh, PartitionSpec entries padded to the operand's rank) of an operand's NamedSharding."""
+    sharding = arg_shape.sharding
+    if not isinstance(sharding, NamedSharding):
+        # What custom_partitioning hands over without a mesh, e.g. inside a shard_map that leaves some axes automatic.
+        raise NotImplementedError(
+            f"jax_flash partitions {op_name} over the mesh of NamedShardings, and got the {operand_name} sharding "
+            f"{sharding} without one. Give jit NamedSharding inputs; inside jax.shard_map, make every mesh axis "
+            f"manual (the default axis_names)")
+    return sharding.mesh, tuple(sharding.spec) + (None,) * (len(arg_shape.shape) - len(sharding.spec))
+
+
+def head_axes(mesh, requested: tuple, heads_q: int, heads_kv: int) -> tuple[tuple, tuple]:
     """(query head axes, kv head axes): the longest prefix of the requested axes that keeps whole kv heads local.
 
     Leading axes split the kv heads, and their query groups with them, while their sizes multiply to a divisor of
@@ -174,13 +183,13 @@ def _head_axes(mesh, requested: tuple, heads_q: int, heads_kv: int) -> tuple[tup
     return tuple(q_axes), tuple(kv_axes)
 
 
-def _axis_names(entry) -> tuple:
+def axis_names(entry) -> tuple:
     if entry is None or entry is P.UNCONSTRAINED:
         return ()
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def _entry(axes: tuple):
+def spec_entry(axes: tuple):
     """A PartitionSpec entry for `axes`: None, one axis name, or a tuple of names."""
     if not axes:
         return None

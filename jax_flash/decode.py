@@ -13,7 +13,8 @@ import numpy as np
 
 from jax_flash import _validation
 from jax_flash._config import AttentionConfig
-from jax_flash._decode_primitives import decode_p, identity_page_table, kv_cache_update_p
+from jax_flash._decode_partitioning import identity_page_table
+from jax_flash._decode_primitives import decode_p, kv_cache_update_p
 from jax_flash._primitives import MAX_HEAD_DIM
 
 PAGE_SIZE_MULTIPLE = 16
@@ -135,7 +136,8 @@ def decode_attention(query, key_cache, value_cache, cache_lengths, *, scale=None
     scale, softcap = _validation.scale_and_softcap(head_dim, scale, softcap)
     window_left, window_right = _validation.window_bounds(local_window_size, is_causal=True)
     config = AttentionConfig(scale, window_left, window_right, softcap)
-    out, lse = decode_p.bind(query, key_cache, value_cache, lengths, table, config=config)
+    out, lse = decode_p.bind(query, key_cache, value_cache, lengths, table, config=config,
+                             contiguous=page_table is None)
     return (out, lse) if return_lse else out
 
 
@@ -169,4 +171,5 @@ def update_kv_cache(key_cache, value_cache, new_k, new_v, positions, *, page_tab
     positions = _int32("positions", positions, (batch,), "[batch]")
     _check_range("positions", positions, 0, capacity - new_k.shape[1],
                  f"so that all {new_k.shape[1]} new rows fit in the capacity {capacity}")
-    return tuple(kv_cache_update_p.bind(key_cache, value_cache, new_k, new_v, positions, table))
+    return tuple(kv_cache_update_p.bind(key_cache, value_cache, new_k, new_v, positions, table,
+                                        contiguous=page_table is None))

@@ -1,7 +1,7 @@
 """Multi-device checks of jax_flash's sharding support, run by test_sharding.py in a fresh process.
 
 Eight CPU devices need --xla_force_host_platform_device_count=8 before JAX starts, which the pytest process (where
-JAX is long initialised) cannot give. Usage: python sharding_checks.py {jit|shard_map|ring}; prints one JSON line, a
+JAX is long initialised) cannot give. Usage: python sharding_checks.py {jit|shard_map|tokens|decode|ring}; prints one JSON line, a
 list of results, each with the largest relative error of every output against the same computation unsharded on
 one device, and what the compiled program holds.
 """
@@ -147,6 +147,75 @@ def tokens_check(name, *, shard_map=False):
     return _result(name, step(*sharded), want, step.lower(*sharded).compile())
 
 
+# Decode: GQA 8/2 over a cache of 48 positions; one new token per sequence is written, then attended.
+DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_LEN, PAGE_SIZE = 8, 2, 48, 16
+
+
+def _decode_inputs(seed, heads_q=DECODE_HEADS_Q, heads_kv=DECODE_HEADS_KV):
+    """q [batch, 1, heads_q, d], caches [batch, len, heads_kv, d], new rows [batch, 1, heads_kv, d] and the
+    positions they go to (lengths - 1), float32 / int32 numpy arrays."""
+    rng = np.random.default_rng(seed)
+    cache = (BATCH, DECODE_LEN, heads_kv, HEAD_DIM)
+    q = rng.standard_normal((BATCH, 1, heads_q, HEAD_DIM)).astype(np.float32)
+    k, v = (rng.standard_normal(cache).astype(np.float32) for _ in range(2))
+    new_k, new_v = (rng.standard_normal((BATCH, 1, heads_kv, HEAD_DIM)).astype(np.float32) for _ in range(2))
+    lengths = rng.integers(1, DECODE_LEN + 1, BATCH).astype(np.int32)
+    return [q, k, v, new_k, new_v, lengths - 1, lengths]
+
+
+def _paged(k, v):
+    """The contiguous caches as page pools in a shuffled page order, and the page table that reads them back."""
+    pages_per_seq = DECODE_LEN // PAGE_SIZE
+    order = np.random.default_rng(0).permutation(BATCH * pages_per_seq)
+    pools = [x.reshape(BATCH * pages_per_seq, PAGE_SIZE, *x.shape[2:])[np.argsort(order)] for x in (k, v)]
+    return pools, order.reshape(BATCH, pages_per_seq).astype(np.int32)
+
+
+def _decode_step(page_table=None):
+    """(q, k, v, new_k, new_v, positions, lengths) -> (out, lse, k, v): the update, then decode on the new cache."""
+    paged = {} if page_table is None else {"page_table": page_table}
+
+    def step(q, k, v, new_k, new_v, positions, lengths):
+        k, v = jax_flash.update_kv_cache(k, v, new_k, new_v, positions, **paged)
+        out, lse = jax_flash.decode_attention(q, k, v, lengths, return_lse=True, **paged)
+        return out, lse, k, v
+
+    return step
+
+
+def decode_check(name, *, q_spec, cache_spec, paged=False, heads_q=DECODE_HEADS_Q, heads_kv=DECODE_HEADS_KV,
+                 shard_map=False):
+    """The cache update and decode under jit on NamedSharding inputs, the caches donated, against one device; or,
+    with shard_map, the step called per shard (the kernels see the local shapes)."""
+    mesh = _mesh((4, 2), ("dp", "tp"))
+    q, k, v, new_k, new_v, positions, lengths = _decode_inputs(len(name), heads_q, heads_kv)
+    table = None
+    if paged:
+        (k, v), table = _paged(k, v)
+    want = jax.jit(_decode_step(table))(q, k, v, new_k, new_v, positions, lengths)
+    row_spec = P(q_spec[0] if len(q_spec) else None)
+    specs = (q_spec, cache_spec, cache_spec, P(*cache_spec[:1], None, *cache_spec[2:3]),
+             P(*cache_spec[:1], None, *cache_spec[2:3]), row_spec, row_spec)
+    sharded = _put(mesh, [q, k, v, new_k, new_v, positions, lengths], specs)
+    step = _decode_step(table)
+    if shard_map:
+        step = jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=(q_spec, P(*q_spec[:1], *q_spec[2:3]),
+                                                                         cache_spec, cache_spec))
+    step = jax.jit(step, donate_argnums=(1, 2))
+    compiled = step.lower(*sharded).compile()
+    got = step(*sharded)
+    hlo = compiled.as_text()
+    return {
+        "check": name,
+        "devices": len(compiled.input_shardings[0][0].device_set),
+        "errors": {k: float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / np.max(np.abs(np.asarray(w))))
+                   for k, g, w in zip(("out", "lse", "k", "v"), got, want)},
+        "all_gather": "all-gather" in hlo,
+        "kernel_calls": hlo.count("jax_flash_decode") + hlo.count("jax_flash_kv_cache_update"),
+        "cache_sharding_kept": got[2].sharding.is_equivalent_to(NamedSharding(mesh, cache_spec), 4),
+    }
+
+
 def _gspmd(check, **kwargs):
     """The check under the GSPMD partitioner (jax_use_shardy_partitioner=False), which uses the callbacks."""
     jax.config.update("jax_use_shardy_partitioner", False)
@@ -180,6 +249,16 @@ GROUPS = {
         tokens_check("batch_x_heads_tokens"),
         _gspmd(tokens_check, name="batch_x_heads_tokens_gspmd"),
         tokens_check("shard_map_tokens", shard_map=True),
+    ],
+    "decode": lambda: [
+        decode_check("decode_batch_x_heads", q_spec=P("dp", None, "tp"), cache_spec=P("dp", None, "tp")),
+        decode_check("decode_heads_query_replicated", q_spec=P(), cache_spec=P(None, None, "tp")),
+        _gspmd(decode_check, name="decode_batch_x_heads_gspmd", q_spec=P("dp", None, "tp"),
+               cache_spec=P("dp", None, "tp")),
+        decode_check("decode_mqa", q_spec=P("dp", None, "tp"), cache_spec=P("dp"), heads_kv=1),
+        # A page pool is shared by the batch: its pages stay whole on every device, split by kv heads only.
+        decode_check("decode_paged_heads", q_spec=P("dp", None, "tp"), cache_spec=P(None, None, "tp"), paged=True),
+        decode_check("decode_shard_map", q_spec=P("dp", None, "tp"), cache_spec=P("dp", None, "tp"), shard_map=True),
     ],
     "ring": lambda: [
         ring_check("ring", mesh_shape=(8,), is_causal=False),

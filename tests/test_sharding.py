@@ -1,4 +1,4 @@
-"""jax_flash on a mesh of 8 CPU devices: under jit with NamedShardings, inside shard_map, and ring attention.
+"""jax_flash on a mesh of 8 CPU devices: under jit with NamedShardings, inside shard_map, ring attention, and decode.
 
 The multi-device programs run in a fresh process (sharding_checks.py), because the fake devices must be requested
 before JAX starts and this process started it long ago. Each check compares forward and gradients with the same call
@@ -68,6 +68,17 @@ def test_segment_ids_and_lengths_follow_the_batch_sharding():
     _assert_all_pass("tokens")
 
 
+def test_decode_and_the_cache_update_keep_the_cache_sharding():
+    results = _run_checks("decode")
+    # A paged pool's pages stay whole on every device, so the update gathers the batch's new rows (not the cache).
+    failures = [f for r in results for f in _failures(r, gathers_allowed=r["check"] == "decode_paged_heads")]
+    failures += [f"{r['check']}: the updated cache lost its sharding" for r in results if not r["cache_sharding_kept"]]
+    assert not failures, "\n".join(failures)
+    assert {r["check"] for r in results} == {"decode_batch_x_heads", "decode_heads_query_replicated",
+                                             "decode_batch_x_heads_gspmd", "decode_mqa", "decode_paged_heads",
+                                             "decode_shard_map"}
+
+
 def test_ring_attention_matches_unsharded_call():
     results = _assert_all_pass("ring")
     assert all(r["collective_permute"] for r in results)
@@ -87,7 +98,7 @@ def test_ring_attention_matches_unsharded_call():
 ], ids=["gqa", "group-split", "mqa", "uneven", "uneven-first", "partial"])
 def test_head_axes(heads_q, heads_kv, requested, expected):
     mesh = AbstractMesh((4, 2), ("dp", "tp"))
-    assert _partitioning._head_axes(mesh, requested, heads_q, heads_kv) == expected
+    assert _partitioning.head_axes(mesh, requested, heads_q, heads_kv) == expected
 
 
 def test_shardy_rules():
