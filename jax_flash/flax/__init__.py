@@ -3,7 +3,8 @@
 * `attention_fn` / `make_attention_fn(...)`: drop-in `attention_fn` for flax.linen.MultiHeadDotProductAttention and
   flax.nnx.MultiHeadAttention (pure JAX; usable without importing flax).
 * `jax_flash.flax.linen.Attention` / `jax_flash.flax.nnx.Attention`: self-attention layers with grouped-query
-  attention, causal / sliding-window masks, soft-capping and rotary embeddings.
+  attention, causal / sliding-window masks, soft-capping, rotary embeddings, packed sequences, and a decode mode
+  that generates through a KV cache (jax_flash.decode_attention).
 
 The layer modules import flax when first used, so `import jax_flash.flax` itself does not need flax.
 """

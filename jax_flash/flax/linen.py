@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jax_flash.flax._dependency import import_flax
-from jax_flash.flax.self_attention import attend, head_layout
+from jax_flash.flax.self_attention import attend, attend_cached, head_layout
 
 nn = import_flax("flax.linen")
 
@@ -29,6 +29,12 @@ class Attention(nn.Module):
       use_rotary: rotate queries and keys by their positions; rope_base: the rotary base wavelength.
       use_bias: biases in the four projections.
       dtype: the computation dtype (default: inferred from inputs and params); param_dtype: the params' dtype.
+      decode: autoregressive decoding with a KV cache (as in nn.MultiHeadDotProductAttention), for causal layers.
+        The cache lives in the "cache" collection (cached_key, cached_value [batch, max_length, kv_heads, head_dim]
+        and cache_lengths [batch] int32): `init` on inputs [batch, max_length, features] sizes it (that call
+        attends as without decode), then each call appends its inputs [batch, new, features] -- a prompt chunk or
+        one token -- to every row's cache and attends to all of it, with apply(..., mutable=["cache"]). Runs on
+        jax_flash.decode_attention and update_kv_cache; rotary positions default to each row's cache length on.
     """
 
     num_heads: int
@@ -42,13 +48,14 @@ class Attention(nn.Module):
     use_bias: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
+    decode: bool = False
 
     @nn.compact
     def __call__(self, inputs, positions=None, *, segment_ids=None, segment_positions=None, seq_lengths=None):
         """inputs [batch, seq, features]; positions [batch, seq] or [seq] for the rotary embeddings (default
         segment_positions, else 0..seq-1). Packed sequences: segment_ids [batch, seq] int32 (tokens attend within
         their segment), segment_positions [batch, seq] int32 (the positions causal / window masks compare), and
-        padding: seq_lengths [batch] int32, as in jax_flash.dot_product_attention (CPU kernels only for now)."""
+        padding: seq_lengths [batch] int32, as in jax_flash.dot_product_attention."""
         features = inputs.shape[-1]
         num_kv_heads, head_dim = head_layout(features, self.num_heads, self.num_kv_heads, self.head_dim)
         projection = functools.partial(nn.DenseGeneral, use_bias=self.use_bias, dtype=self.dtype,
@@ -56,7 +63,18 @@ class Attention(nn.Module):
         query = projection((self.num_heads, head_dim), name="query")(inputs)
         key = projection((num_kv_heads, head_dim), name="key")(inputs)
         value = projection((num_kv_heads, head_dim), name="value")(inputs)
-        out = attend(query, key, value, positions, is_causal=self.is_causal, local_window_size=self.local_window_size,
-                     softcap=self.softcap, use_rotary=self.use_rotary, rope_base=self.rope_base,
-                     segment_ids=segment_ids, segment_positions=segment_positions, seq_lengths=seq_lengths)
+        masks = dict(is_causal=self.is_causal, local_window_size=self.local_window_size, softcap=self.softcap,
+                     use_rotary=self.use_rotary, rope_base=self.rope_base)
+        per_token = dict(segment_ids=segment_ids, segment_positions=segment_positions, seq_lengths=seq_lengths)
+        cache_ready = self.decode and self.has_variable("cache", "cached_key")
+        if self.decode:  # created on the first (init) call, from the inputs' shape: [batch, max_length, ...]
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+            cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+            cache_lengths = self.variable("cache", "cache_lengths", jnp.zeros, inputs.shape[:1], jnp.int32)
+        if cache_ready:
+            out, cached_key.value, cached_value.value, cache_lengths.value = attend_cached(
+                query, key, value, cached_key.value, cached_value.value, cache_lengths.value, positions, **masks,
+                **per_token)
+        else:
+            out = attend(query, key, value, positions, **masks, **per_token)
         return projection(features, axis=(-2, -1), name="out")(out)
