@@ -66,8 +66,10 @@ def partitioned_decode(call, heads_q: int, heads_kv: int, contiguous: bool):
         q, k = arg_shapes[:2]
         mesh, q_spec = mesh_and_spec(q, "decode", "query")
         k_spec = mesh_and_spec(k, "decode", "key cache")[1]
-        q_heads, kv_heads = head_axes(mesh, axis_names(k_spec[2]) or axis_names(q_spec[2]), heads_q, heads_kv)
         batch = (k_spec[0] or q_spec[0]) if contiguous else q_spec[0]
+        # The cache's head split if it has one, else the query's; never an axis the batch already uses.
+        requested = [a for a in axis_names(k_spec[2]) or axis_names(q_spec[2]) if a not in axis_names(batch)]
+        q_heads, kv_heads = head_axes(mesh, tuple(requested), heads_q, heads_kv)
         q_spec = P(batch, None, spec_entry(q_heads), None)
         cache = P(batch if contiguous else None, None, spec_entry(kv_heads), None)
         operands = (q_spec, cache, cache, P(batch), P(batch, None))

@@ -259,6 +259,8 @@ GROUPS = {
         # A page pool is shared by the batch: its pages stay whole on every device, split by kv heads only.
         decode_check("decode_paged_heads", q_spec=P("dp", None, "tp"), cache_spec=P(None, None, "tp"), paged=True),
         decode_check("decode_shard_map", q_spec=P("dp", None, "tp"), cache_spec=P("dp", None, "tp"), shard_map=True),
+        # The cache's batch and the query's heads on one axis: the batch keeps it, the heads are not split.
+        decode_check("decode_axis_conflict", q_spec=P(None, None, "dp"), cache_spec=P("dp")),
     ],
     "ring": lambda: [
         ring_check("ring", mesh_shape=(8,), is_causal=False),
