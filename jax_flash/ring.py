@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_flash import _jax_internals, _validation
+from jax_flash import _jax_internals, _token_mask, _validation
 from jax_flash._config import AttentionConfig
 from jax_flash._primitives import attention_bwd_p, attention_fwd_p
 
@@ -39,7 +39,8 @@ def zigzag_permutation(seq_len: int, num_shards: int) -> np.ndarray:
     return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(num_shards)])
 
 
-def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, scale=None, softcap=None):
+def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, scale=None, softcap=None,
+                   segment_ids=None):
     """softmax(scale * q k^T) v over a sequence sharded on `axis_name`; call it inside jax.shard_map.
 
     Args:
@@ -49,6 +50,10 @@ def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, sca
       is_causal: causal attention over the whole sequence, which must be in the zig-zag layout of
         `zigzag_permutation` (the local query and key/value blocks then have the same even length).
       scale, softcap: as in jax_flash.dot_product_attention.
+      segment_ids: packed documents, as in jax_flash.dot_product_attention, given as the local blocks (sharded and,
+        when causal, permuted like the sequence): one int32 [batch, seq / n] array, or a (query, key_value) pair.
+        Each key/value block's ids travel around the ring with it; block pairs of different documents are skipped
+        by the kernels.
 
     Returns:
       The local block of the output, shaped and typed like query.
@@ -60,47 +65,60 @@ def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, sca
         raise ValueError(f"causal ring_attention needs query and key blocks of the same even length (two zig-zag "
                          f"chunks each, see zigzag_permutation), got {query.shape[1]} and {key.shape[1]}")
     scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
-    config = AttentionConfig(scale, softcap=softcap)
-    return _ring(*_jax_internals.match_varying_axes(query, key, value), axis_name, bool(is_causal), config)
+    tokens = _token_mask.token_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None,
+                                        segment_ids=segment_ids, segment_positions=None)
+    config = AttentionConfig(scale, softcap=softcap, token_inputs=tuple(tokens))
+    query, key, value, *segments = _jax_internals.match_varying_axes(query, key, value, *tokens.values())
+    return _ring(query, key, value, tuple(segments), axis_name, bool(is_causal), config)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _ring(query, key, value, axis_name, causal, config):
-    return _ring_fwd(query, key, value, axis_name, causal, config)[0]
+# `segments`: () or the local (query ids, key/value ids); the key/value ids travel with their block.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _ring(query, key, value, segments, axis_name, causal, config):
+    return _ring_fwd(query, key, value, segments, axis_name, causal, config)[0]
 
 
-def _ring_fwd(query, key, value, axis_name, causal, config):
+def _ring_fwd(query, key, value, segments, axis_name, causal, config):
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
     # K and V travel as one array: one collective per hop, in one dtype.
-    kv = jnp.stack([key, value])
-    out, lse = _forward_block(query, kv, 0, me, causal, config)
+    kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
+    out, lse = _forward_block(query, q_ids, kv, kv_ids, 0, me, causal, config)
     out = out.astype(jnp.float32)
     for hop in range(1, n):
-        kv = _pass_on(kv, axis_name, n)
-        out, lse = _merge(out, lse, *_forward_block(query, kv, hop, me, causal, config))
+        kv, kv_ids = _pass_on(kv, axis_name, n), _pass_on(kv_ids, axis_name, n)
+        out, lse = _merge(out, lse, *_forward_block(query, q_ids, kv, kv_ids, hop, me, causal, config))
     out = out.astype(query.dtype)
-    return out, (query, key, value, out, lse)
+    return out, (query, key, value, segments, out, lse)
 
 
 def _ring_bwd(axis_name, causal, config, residuals, dout):
-    query, key, value, out, lse = residuals
+    query, key, value, segments, out, lse = residuals
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
-    kv = jnp.stack([key, value])
-    dq, dkv = _backward_block(dout, query, kv, out, lse, 0, me, causal, config)
+    kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
+    dq, dkv = _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, 0, me, causal, config)
     for hop in range(1, n):
         # The gradient accumulator of the block travels with it (in float32: one dtype per collective).
-        kv, dkv = _pass_on(kv, axis_name, n), _pass_on(dkv, axis_name, n)
-        dq_block, dkv_block = _backward_block(dout, query, kv, out, lse, hop, me, causal, config)
+        kv, kv_ids, dkv = (_pass_on(x, axis_name, n) for x in (kv, kv_ids, dkv))
+        dq_block, dkv_block = _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, hop, me, causal, config)
         dq, dkv = dq + dq_block, dkv + dkv_block
     dkv = _pass_on(dkv, axis_name, n)  # the last hop takes each block's gradient home
-    return dq.astype(query.dtype), dkv[0].astype(key.dtype), dkv[1].astype(value.dtype)
+    # The segment ids are int32: no gradient.
+    return dq.astype(query.dtype), dkv[0].astype(key.dtype), dkv[1].astype(value.dtype), None
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
+def _split(segments):
+    """(query ids, key/value ids), each None without segment ids."""
+    return tuple(segments) if segments else (None, None)
+
+
 def _pass_on(x, axis_name, n):
-    """Device i sends x to device i + 1: after h hops device i holds the block of device i - h."""
+    """Device i sends x to device i + 1: after h hops device i holds the block of device i - h. None (no segment ids)
+    stays None."""
+    if x is None:
+        return None
     return lax.ppermute(x, axis_name, perm=[(i, (i + 1) % n) for i in range(n)])
 
 
@@ -122,50 +140,64 @@ def _merge(out, lse, block_out, block_lse):
 # or a later device's (j > me): only the local second chunk sees it, whole.
 
 
-def _forward_block(query, kv, hop, me, causal, config):
+def _tokens(q_ids, kv_ids):
+    """The kernels' token-mask operands of a block pair: its query and key/value segment ids, or none."""
+    return () if q_ids is None else (q_ids, kv_ids)
+
+
+def _forward_block(query, q_ids, kv, kv_ids, hop, me, causal, config):
     """(out, lse) of the local queries against the visiting key/value block."""
 
-    def attend(query, key, value, config):
-        out, lse = attention_fwd_p.bind(query, key, value, config=config)
+    def attend(query, q_ids, key, value, kv_ids, config):
+        out, lse = attention_fwd_p.bind(query, key, value, *_tokens(q_ids, kv_ids), config=config)
         return out, lse
 
     if not causal:
-        return attend(query, kv[0], kv[1], config)
+        return attend(query, q_ids, kv[0], kv[1], kv_ids, config)
     if hop == 0:
-        return attend(query, kv[0], kv[1], config._replace(window_right=0))
+        return attend(query, q_ids, kv[0], kv[1], kv_ids, config._replace(window_right=0))
     half = query.shape[1] // 2
 
-    def earlier(query, kv):
-        return attend(query, kv[0, :, :half], kv[1, :, :half], config)
+    def earlier(query, q_ids, kv, kv_ids):
+        return attend(query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), config)
 
-    def later(query, kv):
-        out, lse = attend(query[:, half:], kv[0], kv[1], config)
+    def later(query, q_ids, kv, kv_ids):
+        out, lse = attend(query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids, config)
         # The first chunk sees none of these keys: output 0 and lse -inf, as the kernel gives a row with no key.
         return (jnp.concatenate([jnp.zeros_like(out), out], axis=1),
                 jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=2))
 
-    return lax.cond(hop <= me, earlier, later, query, kv)
+    return lax.cond(hop <= me, earlier, later, query, q_ids, kv, kv_ids)
 
 
-def _backward_block(dout, query, kv, out, lse, hop, me, causal, config):
+def _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, hop, me, causal, config):
     """(dq, stacked dk/dv), float32, of the visiting block pair's share of the loss, given the final out and lse."""
 
-    def grads(dout, query, key, value, out, lse, config):
-        dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, config=config)
+    def grads(dout, query, q_ids, key, value, kv_ids, out, lse, config):
+        dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, *_tokens(q_ids, kv_ids), config=config)
         return dq.astype(jnp.float32), jnp.stack([dk, dv]).astype(jnp.float32)
 
     if not causal:
-        return grads(dout, query, kv[0], kv[1], out, lse, config)
+        return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, config)
     if hop == 0:
-        return grads(dout, query, kv[0], kv[1], out, lse, config._replace(window_right=0))
+        return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, config._replace(window_right=0))
     half = query.shape[1] // 2
 
-    def earlier(dout, query, kv, out, lse):
-        dq, dkv = grads(dout, query, kv[0, :, :half], kv[1, :, :half], out, lse, config)
+    def earlier(dout, query, q_ids, kv, kv_ids, out, lse):
+        dq, dkv = grads(dout, query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), out, lse, config)
         return dq, jnp.concatenate([dkv, jnp.zeros_like(dkv)], axis=2)
 
-    def later(dout, query, kv, out, lse):
-        dq, dkv = grads(dout[:, half:], query[:, half:], kv[0], kv[1], out[:, half:], lse[:, :, half:], config)
+    def later(dout, query, q_ids, kv, kv_ids, out, lse):
+        dq, dkv = grads(dout[:, half:], query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids, out[:, half:],
+                        lse[:, :, half:], config)
         return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dkv
 
-    return lax.cond(hop <= me, earlier, later, dout, query, kv, out, lse)
+    return lax.cond(hop <= me, earlier, later, dout, query, q_ids, kv, kv_ids, out, lse)
+
+
+def _first(ids, half):
+    return None if ids is None else ids[:, :half]
+
+
+def _second(ids, half):
+    return None if ids is None else ids[:, half:]

@@ -93,20 +93,29 @@ def shard_map_check(name, *, heads_q, heads_kv, q_spec, kv_spec, is_causal=False
     return _result(name, step(*sharded), _unsharded(is_causal, inputs), step.lower(*sharded).compile())
 
 
-def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64):
-    """ring_attention over the 'cp' axis (with batch over 'dp' on a 2-D mesh), zig-zag layout when causal."""
+def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, documents=False):
+    """ring_attention over the 'cp' axis (with batch over 'dp' on a 2-D mesh), zig-zag layout when causal; with
+    documents, each row packs 5 documents of random lengths (segment ids permuted and sharded like the sequence)."""
     names = ("dp", "cp")[-len(mesh_shape):]
     mesh = _mesh(mesh_shape, names)
     spec = P("dp" if "dp" in names else None, "cp")
     inputs = _inputs(len(name), heads_q, heads_kv, seq, seq)
     order = jax_flash.zigzag_permutation(seq, mesh.shape["cp"]) if is_causal else np.arange(seq)
-    attention = jax.shard_map(
-        functools.partial(jax_flash.ring_attention, axis_name="cp", is_causal=is_causal), mesh=mesh,
-        in_specs=spec, out_specs=spec)
-    step = jax.jit(_forward_and_gradients(attention))
+    ids = None
+    if documents:
+        cuts = np.random.default_rng(len(name)).integers(0, seq, (BATCH, 4))
+        ids = (np.arange(seq)[None, :, None] >= cuts[:, None, :]).sum(-1).astype(np.int32)  # [batch, seq]
+    ring = functools.partial(jax_flash.ring_attention, axis_name="cp", is_causal=is_causal)
+    attention = jax.shard_map(lambda q, k, v, *ids: ring(q, k, v, segment_ids=ids[0] if ids else None), mesh=mesh,
+                              in_specs=spec, out_specs=spec)
+    extra = () if ids is None else (jax.device_put(ids[:, order], NamedSharding(mesh, spec)),)
+    step = jax.jit(lambda q, k, v, cotangent, *ids: _forward_and_gradients(
+        lambda q, k, v: attention(q, k, v, *ids))(q, k, v, cotangent))
     sharded = _put(mesh, [x[:, order] for x in inputs], (spec,) * 4)
-    got = [np.asarray(x)[:, np.argsort(order)] for x in step(*sharded)]
-    return _result(name, got, _unsharded(is_causal, inputs), step.lower(*sharded).compile())
+    got = [np.asarray(x)[:, np.argsort(order)] for x in step(*sharded, *extra)]
+    full = functools.partial(jax_flash.dot_product_attention, is_causal=is_causal, segment_ids=ids)
+    want = jax.jit(_forward_and_gradients(full))(*inputs)
+    return _result(name, got, want, step.lower(*sharded, *extra).compile())
 
 
 def _token_inputs(seed):
@@ -266,6 +275,8 @@ GROUPS = {
         ring_check("ring", mesh_shape=(8,), is_causal=False),
         ring_check("ring_causal", mesh_shape=(8,), is_causal=True),
         ring_check("ring_causal_batch_x_sequence", mesh_shape=(2, 4), is_causal=True, heads_q=2, heads_kv=2),
+        ring_check("ring_causal_documents", mesh_shape=(2, 4), is_causal=True, documents=True),
+        ring_check("ring_documents", mesh_shape=(8,), is_causal=False, documents=True),
     ],
 }
 

@@ -131,6 +131,10 @@ def test_ring_attention_argument_errors():
         jax_flash.ring_attention(q, q[:, :3], q[:, :3], axis_name="cp", is_causal=True)
     with pytest.raises(ValueError, match="ring_attention takes"):
         jax_flash.ring_attention(q[0], q[0], q[0], axis_name="cp")
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[batch, seq\] = \[1, 6\]"):
+        jax_flash.ring_attention(q, q, q, axis_name="cp", segment_ids=np.zeros((1, 5), np.int32))
+    with pytest.raises(TypeError, match="segment_ids must have dtype int32"):
+        jax_flash.ring_attention(q, q, q, axis_name="cp", segment_ids=np.zeros((1, 6), np.int64))
 
 
 def test_ring_merge_of_rows_without_keys():
