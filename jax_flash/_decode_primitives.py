@@ -107,7 +107,6 @@ def _decode_lowering(platform: str):
         _check_platform(platform, ctx.avals_in[0].shape[-1])
         kernel = partitioned_decode(_DECODE_CALLS[platform], ctx.avals_in[0].shape[2], ctx.avals_in[1].shape[2],
                                     contiguous)
-
         return mlir.lower_fun(lambda *args: kernel(config, *args), multiple_results=True)(ctx, *operands)
 
     return rule
@@ -117,7 +116,6 @@ def _update_lowering(platform: str):
     def rule(ctx, *operands, contiguous: bool):
         _check_platform(platform, ctx.avals_in[0].shape[-1])
         kernel = partitioned_update(_UPDATE_CALLS[platform], ctx.avals_in[0].shape[2], contiguous)
-
         return mlir.lower_fun(kernel, multiple_results=True)(ctx, *operands)
 
     return rule
