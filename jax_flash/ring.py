@@ -40,7 +40,7 @@ def zigzag_permutation(seq_len: int, num_shards: int) -> np.ndarray:
 
 
 def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, scale=None, softcap=None,
-                   segment_ids=None):
+                   segment_ids=None, local_window_size=None):
     """softmax(scale * q k^T) v over a sequence sharded on `axis_name`; call it inside jax.shard_map.
 
     Args:
@@ -54,6 +54,9 @@ def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, sca
         when causal, permuted like the sequence): one int32 [batch, seq / n] array, or a (query, key_value) pair.
         Each key/value block's ids travel around the ring with it; block pairs of different documents are skipped
         by the kernels.
+      local_window_size: w or (left, right), as in jax_flash.dot_product_attention, over the whole sequence: in the
+        zig-zag layout when causal, else with device i holding the i-th contiguous block. Each block pair is then
+        masked by its tokens' global positions (computed on each device), and tiles outside the window are skipped.
 
     Returns:
       The local block of the output, shaped and typed like query.
@@ -67,7 +70,12 @@ def ring_attention(query, key, value, *, axis_name, is_causal: bool = False, sca
     scale, softcap = _validation.scale_and_softcap(query.shape[-1], scale, softcap)
     tokens = _token_mask.token_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None,
                                         segment_ids=segment_ids, segment_positions=None)
-    config = AttentionConfig(scale, softcap=softcap, token_inputs=tuple(tokens))
+    if local_window_size is None:  # causal masking, if any, comes from which chunks each hop pairs
+        config = AttentionConfig(scale, softcap=softcap, token_inputs=tuple(tokens))
+    else:  # the window (and the causal mask) over the global positions of each block pair's tokens
+        window_left, window_right = _validation.window_bounds(local_window_size, is_causal)
+        config = AttentionConfig(scale, window_left, window_right, softcap,
+                                 token_inputs=tuple(tokens) + ("q_positions", "kv_positions"))
     query, key, value, *segments = _jax_internals.match_varying_axes(query, key, value, *tokens.values())
     return _ring(query, key, value, tuple(segments), axis_name, bool(is_causal), config)
 
@@ -82,11 +90,12 @@ def _ring_fwd(query, key, value, segments, axis_name, causal, config):
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
     # K and V travel as one array: one collective per hop, in one dtype.
     kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
-    out, lse = _forward_block(query, q_ids, kv, kv_ids, 0, me, causal, config)
+    block = _BlockPairs(query, n, me, causal, config)
+    out, lse = block.forward(query, q_ids, kv, kv_ids, 0)
     out = out.astype(jnp.float32)
     for hop in range(1, n):
         kv, kv_ids = _pass_on(kv, axis_name, n), _pass_on(kv_ids, axis_name, n)
-        out, lse = _merge(out, lse, *_forward_block(query, q_ids, kv, kv_ids, hop, me, causal, config))
+        out, lse = _merge(out, lse, *block.forward(query, q_ids, kv, kv_ids, hop))
     out = out.astype(query.dtype)
     return out, (query, key, value, segments, out, lse)
 
@@ -95,11 +104,12 @@ def _ring_bwd(axis_name, causal, config, residuals, dout):
     query, key, value, segments, out, lse = residuals
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
     kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
-    dq, dkv = _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, 0, me, causal, config)
+    block = _BlockPairs(query, n, me, causal, config)
+    dq, dkv = block.backward(dout, query, q_ids, kv, kv_ids, out, lse, 0)
     for hop in range(1, n):
         # The gradient accumulator of the block travels with it (in float32: one dtype per collective).
         kv, kv_ids, dkv = (_pass_on(x, axis_name, n) for x in (kv, kv_ids, dkv))
-        dq_block, dkv_block = _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, hop, me, causal, config)
+        dq_block, dkv_block = block.backward(dout, query, q_ids, kv, kv_ids, out, lse, hop)
         dq, dkv = dq + dq_block, dkv + dkv_block
     dkv = _pass_on(dkv, axis_name, n)  # the last hop takes each block's gradient home
     # The segment ids are int32: no gradient.
@@ -134,65 +144,91 @@ def _merge(out, lse, block_out, block_lse):
     return weight(lse) * out + weight(block_lse) * block_out.astype(jnp.float32), merged
 
 
-# Each block pair's kernel call. With the zig-zag layout (chunks a = me and b = 2n - 1 - me on this device) the block
-# of device j = me - hop is: this device's own (hop 0: local causal masking is exactly the global mask); an earlier
-# device's (j < me, i.e. hop <= me): both local chunks see its first chunk whole and its second chunk not at all;
-# or a later device's (j > me): only the local second chunk sees it, whole.
+def _global_positions(device, n, batch, length, zigzag):
+    """int32 [batch, length]: the positions in the whole sequence of the tokens that `device` holds."""
+    if zigzag:  # chunks `device` and 2n - 1 - device of the sequence's 2n
+        chunk = length // 2
+        offsets = jnp.arange(chunk, dtype=jnp.int32)
+        positions = jnp.concatenate([device * chunk + offsets, (2 * n - 1 - device) * chunk + offsets])
+    else:
+        positions = device * length + jnp.arange(length, dtype=jnp.int32)
+    return jnp.broadcast_to(positions.astype(jnp.int32), (batch, length))
 
 
-def _tokens(q_ids, kv_ids):
-    """The kernels' token-mask operands of a block pair: its query and key/value segment ids, or none."""
-    return () if q_ids is None else (q_ids, kv_ids)
+class _BlockPairs:
+    """The kernel calls of one device's queries against the block that visits at each hop.
 
+    Causal without a window, in the zig-zag layout (chunks a = me and b = 2n - 1 - me on this device), the block of
+    device j = me - hop is: this device's own (hop 0: local causal masking is exactly the global mask); an earlier
+    device's (j < me, i.e. hop <= me): both local chunks see its first chunk whole and its second chunk not at all;
+    or a later device's (j > me): only the local second chunk sees it, whole. With a window, every pair is masked by
+    its tokens' global positions instead.
+    """
 
-def _forward_block(query, q_ids, kv, kv_ids, hop, me, causal, config):
-    """(out, lse) of the local queries against the visiting key/value block."""
+    def __init__(self, query, n, me, causal, config):
+        self.n, self.me, self.causal, self.config = n, me, causal, config
+        self.windowed = "q_positions" in config.token_inputs
+        self.batch, self.length = query.shape[:2]
 
-    def attend(query, q_ids, key, value, kv_ids, config):
-        out, lse = attention_fwd_p.bind(query, key, value, *_tokens(q_ids, kv_ids), config=config)
-        return out, lse
+    def _tokens(self, q_ids, kv_ids, hop):
+        """The kernels' token-mask operands of a block pair, in TOKEN_INPUTS' order: the segment ids, then (with a
+        window) the global positions of the local queries and of the keys of the device `hop` places back."""
+        tokens = () if q_ids is None else (q_ids, kv_ids)
+        if self.windowed:
+            tokens += tuple(_global_positions(device, self.n, self.batch, self.length, self.causal)
+                            for device in (self.me, (self.me - hop) % self.n))
+        return tokens
 
-    if not causal:
-        return attend(query, q_ids, kv[0], kv[1], kv_ids, config)
-    if hop == 0:
-        return attend(query, q_ids, kv[0], kv[1], kv_ids, config._replace(window_right=0))
-    half = query.shape[1] // 2
+    def forward(self, query, q_ids, kv, kv_ids, hop):
+        """(out, lse) of the local queries against the visiting key/value block."""
 
-    def earlier(query, q_ids, kv, kv_ids):
-        return attend(query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), config)
+        def attend(query, q_ids, key, value, kv_ids, config):
+            out, lse = attention_fwd_p.bind(query, key, value, *self._tokens(q_ids, kv_ids, hop), config=config)
+            return out, lse
 
-    def later(query, q_ids, kv, kv_ids):
-        out, lse = attend(query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids, config)
-        # The first chunk sees none of these keys: output 0 and lse -inf, as the kernel gives a row with no key.
-        return (jnp.concatenate([jnp.zeros_like(out), out], axis=1),
-                jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=2))
+        if self.windowed or not self.causal:  # positions carry the causal mask and the window across blocks
+            return attend(query, q_ids, kv[0], kv[1], kv_ids, self.config)
+        if hop == 0:
+            return attend(query, q_ids, kv[0], kv[1], kv_ids, self.config._replace(window_right=0))
+        half = query.shape[1] // 2
 
-    return lax.cond(hop <= me, earlier, later, query, q_ids, kv, kv_ids)
+        def earlier(query, q_ids, kv, kv_ids):
+            return attend(query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), self.config)
 
+        def later(query, q_ids, kv, kv_ids):
+            out, lse = attend(query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids, self.config)
+            # The first chunk sees none of these keys: output 0 and lse -inf, as the kernel gives a row with no key.
+            return (jnp.concatenate([jnp.zeros_like(out), out], axis=1),
+                    jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=2))
 
-def _backward_block(dout, query, q_ids, kv, kv_ids, out, lse, hop, me, causal, config):
-    """(dq, stacked dk/dv), float32, of the visiting block pair's share of the loss, given the final out and lse."""
+        return lax.cond(hop <= self.me, earlier, later, query, q_ids, kv, kv_ids)
 
-    def grads(dout, query, q_ids, key, value, kv_ids, out, lse, config):
-        dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, *_tokens(q_ids, kv_ids), config=config)
-        return dq.astype(jnp.float32), jnp.stack([dk, dv]).astype(jnp.float32)
+    def backward(self, dout, query, q_ids, kv, kv_ids, out, lse, hop):
+        """(dq, stacked dk/dv), float32, of the visiting block pair's share of the loss, given the final out and
+        lse."""
 
-    if not causal:
-        return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, config)
-    if hop == 0:
-        return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, config._replace(window_right=0))
-    half = query.shape[1] // 2
+        def grads(dout, query, q_ids, key, value, kv_ids, out, lse, config):
+            dq, dk, dv = attention_bwd_p.bind(dout, query, key, value, out, lse, *self._tokens(q_ids, kv_ids, hop),
+                                              config=config)
+            return dq.astype(jnp.float32), jnp.stack([dk, dv]).astype(jnp.float32)
 
-    def earlier(dout, query, q_ids, kv, kv_ids, out, lse):
-        dq, dkv = grads(dout, query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), out, lse, config)
-        return dq, jnp.concatenate([dkv, jnp.zeros_like(dkv)], axis=2)
+        if self.windowed or not self.causal:
+            return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, self.config)
+        if hop == 0:
+            return grads(dout, query, q_ids, kv[0], kv[1], kv_ids, out, lse, self.config._replace(window_right=0))
+        half = query.shape[1] // 2
 
-    def later(dout, query, q_ids, kv, kv_ids, out, lse):
-        dq, dkv = grads(dout[:, half:], query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids, out[:, half:],
-                        lse[:, :, half:], config)
-        return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dkv
+        def earlier(dout, query, q_ids, kv, kv_ids, out, lse):
+            dq, dkv = grads(dout, query, q_ids, kv[0, :, :half], kv[1, :, :half], _first(kv_ids, half), out, lse,
+                            self.config)
+            return dq, jnp.concatenate([dkv, jnp.zeros_like(dkv)], axis=2)
 
-    return lax.cond(hop <= me, earlier, later, dout, query, q_ids, kv, kv_ids, out, lse)
+        def later(dout, query, q_ids, kv, kv_ids, out, lse):
+            dq, dkv = grads(dout[:, half:], query[:, half:], _second(q_ids, half), kv[0], kv[1], kv_ids,
+                            out[:, half:], lse[:, :, half:], self.config)
+            return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dkv
+
+        return lax.cond(hop <= self.me, earlier, later, dout, query, q_ids, kv, kv_ids, out, lse)
 
 
 def _first(ids, half):

@@ -93,9 +93,10 @@ def shard_map_check(name, *, heads_q, heads_kv, q_spec, kv_spec, is_causal=False
     return _result(name, step(*sharded), _unsharded(is_causal, inputs), step.lower(*sharded).compile())
 
 
-def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, documents=False):
+def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, documents=False, window=None):
     """ring_attention over the 'cp' axis (with batch over 'dp' on a 2-D mesh), zig-zag layout when causal; with
-    documents, each row packs 5 documents of random lengths (segment ids permuted and sharded like the sequence)."""
+    documents, each row packs 5 documents of random lengths (segment ids permuted and sharded like the sequence);
+    window: local_window_size over the whole sequence."""
     names = ("dp", "cp")[-len(mesh_shape):]
     mesh = _mesh(mesh_shape, names)
     spec = P("dp" if "dp" in names else None, "cp")
@@ -105,7 +106,7 @@ def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, do
     if documents:
         cuts = np.random.default_rng(len(name)).integers(0, seq, (BATCH, 4))
         ids = (np.arange(seq)[None, :, None] >= cuts[:, None, :]).sum(-1).astype(np.int32)  # [batch, seq]
-    ring = functools.partial(jax_flash.ring_attention, axis_name="cp", is_causal=is_causal)
+    ring = functools.partial(jax_flash.ring_attention, axis_name="cp", is_causal=is_causal, local_window_size=window)
     attention = jax.shard_map(lambda q, k, v, *ids: ring(q, k, v, segment_ids=ids[0] if ids else None), mesh=mesh,
                               in_specs=spec, out_specs=spec)
     extra = () if ids is None else (jax.device_put(ids[:, order], NamedSharding(mesh, spec)),)
@@ -113,7 +114,8 @@ def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, do
         lambda q, k, v: attention(q, k, v, *ids))(q, k, v, cotangent))
     sharded = _put(mesh, [x[:, order] for x in inputs], (spec,) * 4)
     got = [np.asarray(x)[:, np.argsort(order)] for x in step(*sharded, *extra)]
-    full = functools.partial(jax_flash.dot_product_attention, is_causal=is_causal, segment_ids=ids)
+    full = functools.partial(jax_flash.dot_product_attention, is_causal=is_causal, segment_ids=ids,
+                             local_window_size=window)
     want = jax.jit(_forward_and_gradients(full))(*inputs)
     return _result(name, got, want, step.lower(*sharded, *extra).compile())
 
@@ -277,6 +279,10 @@ GROUPS = {
         ring_check("ring_causal_batch_x_sequence", mesh_shape=(2, 4), is_causal=True, heads_q=2, heads_kv=2),
         ring_check("ring_causal_documents", mesh_shape=(2, 4), is_causal=True, documents=True),
         ring_check("ring_documents", mesh_shape=(8,), is_causal=False, documents=True),
+        # Windows that reach one, two and no neighbouring block (8 tokens per device; causal: two chunks of 4).
+        ring_check("ring_causal_window", mesh_shape=(8,), is_causal=True, window=5),
+        ring_check("ring_window", mesh_shape=(2, 4), is_causal=False, window=(3, 20)),
+        ring_check("ring_causal_window_documents", mesh_shape=(2, 4), is_causal=True, window=(9, 0), documents=True),
     ],
 }
 
