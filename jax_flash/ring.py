@@ -90,7 +90,7 @@ def _ring_fwd(query, key, value, segments, axis_name, causal, config):
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
     # K and V travel as one array: one collective per hop, in one dtype.
     kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
-    block = _BlockPairs(query, n, me, causal, config)
+    block = _BlockPairs(query, key, n, me, causal, config)
     out, lse = block.forward(query, q_ids, kv, kv_ids, 0)
     out = out.astype(jnp.float32)
     for hop in range(1, n):
@@ -104,7 +104,7 @@ def _ring_bwd(axis_name, causal, config, residuals, dout):
     query, key, value, segments, out, lse = residuals
     n, me = lax.axis_size(axis_name), lax.axis_index(axis_name)
     kv, q_ids, kv_ids = jnp.stack([key, value]), *_split(segments)
-    block = _BlockPairs(query, n, me, causal, config)
+    block = _BlockPairs(query, key, n, me, causal, config)
     dq, dkv = block.backward(dout, query, q_ids, kv, kv_ids, out, lse, 0)
     for hop in range(1, n):
         # The gradient accumulator of the block travels with it (in float32: one dtype per collective).
@@ -165,18 +165,18 @@ class _BlockPairs:
     its tokens' global positions instead.
     """
 
-    def __init__(self, query, n, me, causal, config):
+    def __init__(self, query, key, n, me, causal, config):
         self.n, self.me, self.causal, self.config = n, me, causal, config
         self.windowed = "q_positions" in config.token_inputs
-        self.batch, self.length = query.shape[:2]
+        self.batch, self.q_length, self.kv_length = query.shape[0], query.shape[1], key.shape[1]
 
     def _tokens(self, q_ids, kv_ids, hop):
         """The kernels' token-mask operands of a block pair, in TOKEN_INPUTS' order: the segment ids, then (with a
         window) the global positions of the local queries and of the keys of the device `hop` places back."""
         tokens = () if q_ids is None else (q_ids, kv_ids)
         if self.windowed:
-            tokens += tuple(_global_positions(device, self.n, self.batch, self.length, self.causal)
-                            for device in (self.me, (self.me - hop) % self.n))
+            tokens += (_global_positions(self.me, self.n, self.batch, self.q_length, self.causal),
+                       _global_positions((self.me - hop) % self.n, self.n, self.batch, self.kv_length, self.causal))
         return tokens
 
     def forward(self, query, q_ids, kv, kv_ids, hop):

@@ -93,14 +93,16 @@ def shard_map_check(name, *, heads_q, heads_kv, q_spec, kv_spec, is_causal=False
     return _result(name, step(*sharded), _unsharded(is_causal, inputs), step.lower(*sharded).compile())
 
 
-def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, documents=False, window=None):
+def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, seq_k=None, documents=False,
+               window=None):
     """ring_attention over the 'cp' axis (with batch over 'dp' on a 2-D mesh), zig-zag layout when causal; with
     documents, each row packs 5 documents of random lengths (segment ids permuted and sharded like the sequence);
-    window: local_window_size over the whole sequence."""
+    window: local_window_size over the whole sequence; seq_k: another key length (non-causal)."""
     names = ("dp", "cp")[-len(mesh_shape):]
     mesh = _mesh(mesh_shape, names)
     spec = P("dp" if "dp" in names else None, "cp")
-    inputs = _inputs(len(name), heads_q, heads_kv, seq, seq)
+    seq_k = seq_k or seq
+    inputs = _inputs(len(name), heads_q, heads_kv, seq, seq_k)
     order = jax_flash.zigzag_permutation(seq, mesh.shape["cp"]) if is_causal else np.arange(seq)
     ids = None
     if documents:
@@ -112,8 +114,9 @@ def ring_check(name, *, mesh_shape, is_causal, heads_q=4, heads_kv=2, seq=64, do
     extra = () if ids is None else (jax.device_put(ids[:, order], NamedSharding(mesh, spec)),)
     step = jax.jit(lambda q, k, v, cotangent, *ids: _forward_and_gradients(
         lambda q, k, v: attention(q, k, v, *ids))(q, k, v, cotangent))
-    sharded = _put(mesh, [x[:, order] for x in inputs], (spec,) * 4)
-    got = [np.asarray(x)[:, np.argsort(order)] for x in step(*sharded, *extra)]
+    key_order = order if seq_k == seq else np.arange(seq_k)
+    sharded = _put(mesh, [x[:, o] for x, o in zip(inputs, (order, key_order, key_order, order))], (spec,) * 4)
+    got = [np.asarray(x)[:, np.argsort(o)] for x, o in zip(step(*sharded, *extra), (order, order, key_order, key_order))]
     full = functools.partial(jax_flash.dot_product_attention, is_causal=is_causal, segment_ids=ids,
                              local_window_size=window)
     want = jax.jit(_forward_and_gradients(full))(*inputs)
@@ -282,6 +285,7 @@ GROUPS = {
         # Windows that reach one, two and no neighbouring block (8 tokens per device; causal: two chunks of 4).
         ring_check("ring_causal_window", mesh_shape=(8,), is_causal=True, window=5),
         ring_check("ring_window", mesh_shape=(2, 4), is_causal=False, window=(3, 20)),
+        ring_check("ring_window_longer_keys", mesh_shape=(8,), is_causal=False, seq=64, seq_k=96, window=(6, 2)),
         ring_check("ring_causal_window_documents", mesh_shape=(2, 4), is_causal=True, window=(9, 0), documents=True),
     ],
 }
