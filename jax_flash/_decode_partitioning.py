@@ -74,57 +74,30 @@ def partitioned_decode(call, heads_q: int, heads_kv: int, contiguous: bool):
         cache = P(batch if contiguous else None, None, spec_entry(kv_heads), None)
         operands = (q_spec, cache, cache, P(batch), P(batch, None))
         results = (q_spec, P(batch, spec_entry(q_heads), None))
-        return mesh, operands, results, batch
-
-    def partition(config, mesh, arg_shapes, result_shape):
-        del mesh, result_shape
-        mesh, operands, results, batch = shardings(arg_shapes)
-        local = functools.partial(kernel, config)
-        if contiguous and batch is not None:
-            local = _with_local_page_table(local, 4)
-        return mesh, local, _named(mesh, results), _named(mesh, operands)
-
-    def infer_sharding_from_operands(config, mesh, arg_shapes, result_shape):
-        del config, mesh, result_shape
-        mesh, _, results, _ = shardings(arg_shapes)
-        return _named(mesh, results)
+        return mesh, operands, results, contiguous and batch is not None
 
     heads, sizes = query_head_factors(heads_q, heads_kv)
     cache = "b l hk d" if contiguous else "n p hk d"
-    partitioned = custom_partitioning(kernel, static_argnums=(0,))
-    partitioned.def_partition(
-        partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
+    return _partitioned(
+        kernel, shardings, table_index=4, static_argnums=(0,),
         # In order of first appearance in the rule: Shardy rejects special factors listed out of order.
         need_replication_factors=("s", "d", "l", "t") if contiguous else ("s", "d", "n", "p", "t"),
         sharding_rule=f"b s {heads} d, {cache}, {cache}, b, b t -> b s {heads} d, b {heads} s", **sizes)
-    return partitioned
 
 
 @functools.lru_cache(maxsize=None)
 def partitioned_update(call, heads_kv: int, contiguous: bool):
     """`call(k, v, new_k, new_v, positions, page_table)` -> (k, v), with its sharding rules."""
 
-    def kernel(k, v, new_k, new_v, positions, page_table):
+    def kernel(k, v, new_k, new_v, positions, page_table):  # a plain function: custom_partitioning takes no partial
         return call(k, v, new_k, new_v, positions, page_table)
 
     def shardings(arg_shapes):
         mesh, k_spec = mesh_and_spec(arg_shapes[0], "the KV-cache update", "key cache")
         kv_heads = spec_entry(head_axes(mesh, axis_names(k_spec[2]), heads_kv, heads_kv)[1])
         batch = k_spec[0] if contiguous else None
-        cache, rows = P(batch, None, kv_heads, None), P(batch, None, kv_heads, None)
-        operands = (cache, cache, rows, rows, P(batch), P(batch, None))
-        return mesh, operands, (cache, cache), batch
-
-    def partition(mesh, arg_shapes, result_shape):
-        del mesh, result_shape
-        mesh, operands, results, batch = shardings(arg_shapes)
-        local = _with_local_page_table(kernel, 5) if contiguous and batch is not None else kernel
-        return mesh, local, _named(mesh, results), _named(mesh, operands)
-
-    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
-        del mesh, result_shape
-        mesh, _, results, _ = shardings(arg_shapes)
-        return _named(mesh, results)
+        rows = P(batch, None, kv_heads, None)  # the caches, and the new keys and values alike
+        return mesh, (rows, rows, rows, rows, P(batch), P(batch, None)), (rows, rows), batch is not None
 
     if contiguous:
         rule = "b l hk d, b l hk d, b t hk d, b t hk d, b, b m -> b l hk d, b l hk d"
@@ -132,9 +105,28 @@ def partitioned_update(call, heads_kv: int, contiguous: bool):
     else:
         rule = "n p hk d, n p hk d, b t hk d, b t hk d, b, b m -> n p hk d, n p hk d"
         replicated = ("n", "p", "d", "b", "t", "m")
-    partitioned = custom_partitioning(kernel)
+    return _partitioned(kernel, shardings, table_index=5, need_replication_factors=replicated, sharding_rule=rule)
+
+
+def _partitioned(kernel, shardings, *, table_index: int, static_argnums=(), **rule):
+    """`kernel` under custom_partitioning. shardings(arg_shapes) gives (mesh, operand specs, result specs, whether
+    the mesh splits a contiguous cache's batch, so that each device needs the page table of its own sequences in
+    place of operand `table_index`); `rule` is the Shardy rule and its factors."""
+
+    def partition(*args):  # (static arguments..., mesh, arg_shapes, result_shape)
+        mesh, operands, results, local_table = shardings(args[-2])
+        local = functools.partial(kernel, *args[:-3])
+        if local_table:
+            local = _with_local_page_table(local, table_index)
+        return mesh, local, _named(mesh, results), _named(mesh, operands)
+
+    def infer_sharding_from_operands(*args):  # the same arguments
+        mesh, _, results, _ = shardings(args[-2])
+        return _named(mesh, results)
+
+    partitioned = custom_partitioning(kernel, static_argnums=static_argnums)
     partitioned.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
-                              need_replication_factors=replicated, sharding_rule=rule)
+                              **rule)
     return partitioned
 
 

@@ -168,15 +168,17 @@ class _BlockPairs:
     def __init__(self, query, key, n, me, causal, config):
         self.n, self.me, self.causal, self.config = n, me, causal, config
         self.windowed = "q_positions" in config.token_inputs
-        self.batch, self.q_length, self.kv_length = query.shape[0], query.shape[1], key.shape[1]
+        if self.windowed:  # the queries' positions are the same at every hop; the keys' are the visiting block's
+            self.q_positions = _global_positions(me, n, query.shape[0], query.shape[1], causal)
+            self.kv_positions = functools.partial(_global_positions, n=n, batch=key.shape[0], length=key.shape[1],
+                                                  zigzag=causal)
 
     def _tokens(self, q_ids, kv_ids, hop):
         """The kernels' token-mask operands of a block pair, in TOKEN_INPUTS' order: the segment ids, then (with a
         window) the global positions of the local queries and of the keys of the device `hop` places back."""
         tokens = () if q_ids is None else (q_ids, kv_ids)
         if self.windowed:
-            tokens += (_global_positions(self.me, self.n, self.batch, self.q_length, self.causal),
-                       _global_positions((self.me - hop) % self.n, self.n, self.batch, self.kv_length, self.causal))
+            tokens += (self.q_positions, self.kv_positions((self.me - hop) % self.n))
         return tokens
 
     def forward(self, query, q_ids, kv, kv_ids, hop):

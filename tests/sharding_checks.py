@@ -53,16 +53,18 @@ def _unsharded(is_causal, inputs):
     return jax.jit(_forward_and_gradients(attention))(*inputs)
 
 
-def _result(name, got, want, compiled):
+def _result(name, got, want, compiled, outputs=OUTPUTS, kernels=("jax_flash_attention_",)):
+    """What a check reports: each output's largest error relative to its largest |value|, and what the compiled
+    program holds (its collectives, and how many calls of the FFI targets whose names start with `kernels`)."""
     hlo = compiled.as_text()
     return {
         "check": name,
         "devices": len(compiled.input_shardings[0][0].device_set),
         "errors": {k: float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / np.max(np.abs(np.asarray(w))))
-                   for k, g, w in zip(OUTPUTS, got, want)},
+                   for k, g, w in zip(outputs, got, want)},
         "all_gather": "all-gather" in hlo,
         "collective_permute": "collective-permute" in hlo,
-        "kernel_calls": hlo.count("jax_flash_attention_"),
+        "kernel_calls": sum(hlo.count(kernel) for kernel in kernels),
     }
 
 
@@ -218,16 +220,10 @@ def decode_check(name, *, q_spec, cache_spec, paged=False, heads_q=DECODE_HEADS_
     step = jax.jit(step, donate_argnums=(1, 2))
     compiled = step.lower(*sharded).compile()
     got = step(*sharded)
-    hlo = compiled.as_text()
-    return {
-        "check": name,
-        "devices": len(compiled.input_shardings[0][0].device_set),
-        "errors": {k: float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / np.max(np.abs(np.asarray(w))))
-                   for k, g, w in zip(("out", "lse", "k", "v"), got, want)},
-        "all_gather": "all-gather" in hlo,
-        "kernel_calls": hlo.count("jax_flash_decode") + hlo.count("jax_flash_kv_cache_update"),
-        "cache_sharding_kept": got[2].sharding.is_equivalent_to(NamedSharding(mesh, cache_spec), 4),
-    }
+    result = _result(name, got, want, compiled, outputs=("out", "lse", "k", "v"),
+                     kernels=("jax_flash_decode", "jax_flash_kv_cache_update"))
+    result["cache_sharding_kept"] = got[2].sharding.is_equivalent_to(NamedSharding(mesh, cache_spec), 4)
+    return result
 
 
 def _gspmd(check, **kwargs):
