@@ -371,14 +371,13 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     } else if (ticket.masking() == TileMasking::kTokens) {
       const int live_keys = key_tokens(p, batch).live - key_begin;
       const int2* staged = smem.key_tokens[stage];
-      const uint64_t visible = visible_token_entries<false>(
-          score_rc, query_tokens(p, batch), row_begin,
+      hide_unseen_keys(
+          scores, score_rc, query_tokens(p, batch), row_begin,
           [&](int key) {
             const int2 token = staged[key];
             return tensor_core::TokenAt{key < live_keys, token.x, token.y};
           },
-          p.mask);
-      hide_entries(scores, visible, -INFINITY);
+          p.mask, -INFINITY);
     }
   };
   auto to_operand = [&]() {
