@@ -32,6 +32,14 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TensorA const& a, 
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
+// The first thread of `thread`'s warpgroup, as a value ptxas knows to be warp-uniform (a shuffle from lane 0, as in
+// CUTLASS's canonical_warp_group_idx). A wgmma's shared-memory operands (descriptors) depend on the thread only
+// through its warpgroup: partitioned by this index, their descriptors can be built in uniform registers; from
+// threadIdx.x, ptxas builds them in vector registers and moves them (R2UR) to uniform ones before every wgmma.
+__device__ __forceinline__ int warpgroup_first_thread(int thread) {
+  return __shfl_sync(0xffffffffu, thread / 128, 0) * 128;
+}
+
 // A wgmma float32 accumulator fragment is ((2 columns, 2 rows, N/8 column groups), MMA_M, MMA_N). As
 // (rows, columns) each thread holds 2 * MMA_M rows, and the 4 threads of a quad share each row.
 template <class Layout>
