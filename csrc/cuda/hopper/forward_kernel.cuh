@@ -317,13 +317,9 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   typename Config::MmaPV mma_pv;
   auto thread_qk = mma_qk.get_thread_slice(thread);
   auto thread_pv = mma_pv.get_thread_slice(thread);
-  // The shared-memory operands (wgmma descriptors), partitioned by a warp-uniform index: see warpgroup_first_thread.
-  const int warpgroup_thread = warpgroup_first_thread(thread);
-  auto warpgroup_qk = mma_qk.get_thread_slice(warpgroup_thread);
-  auto warpgroup_pv = mma_pv.get_thread_slice(warpgroup_thread);
-  Tensor tSrQ = warpgroup_qk.partition_fragment_A(sQ);
-  Tensor tSrK = warpgroup_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
-  Tensor tOrV = warpgroup_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)
+  Tensor tSrQ = thread_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
+  Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   auto operand_layout = [&]() {
