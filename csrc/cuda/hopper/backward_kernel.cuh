@@ -346,7 +346,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
   // which leaves too few registers (ptxas then serializes the wgmma) for the key-major consumers above head dim 64
   // and every consumer at 256; those issue the next scores only after the gradient GEMMs retired.
-  constexpr bool kPipelined = !kFused && (kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128));
+  constexpr bool kPipelined = kHeadDim <= 64 || (!kKeyMajor && kHeadDim <= 128);
   constexpr int kScoreGemms = kGradientA ? 2 : 1;
   // dS formed after P, under the GEMMs in flight (see the loop), in the fused kernel only: in the others the split
   // waits measured 1-9% slower on the H200 (docs/benchmarks.md, fifth session). Not with a soft cap (its slope needs

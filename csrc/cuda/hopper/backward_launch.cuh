@@ -90,7 +90,7 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
   static_assert(kKeyPasses == 1 || kKeyPasses == 2);
-  if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64 && KeyConfig::kHeadDim <= kFusedMaxHeadDim) {
+  if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64 && KeyConfig::kHeadDim == kFusedHeadDim) {
     if (fuses_query_gradient(s, params.deterministic)) {
       // The workspace was sized for sum rows of sum_row_stride(head_dim) floats; this instantiation writes its own.
       if (sum_row_stride(s.head_dim) != KeyConfig::kHeadDim + kSumRowPad) return cudaErrorInvalidValue;

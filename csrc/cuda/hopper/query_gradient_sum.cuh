@@ -22,12 +22,14 @@ constexpr int kSumTileRows = 64;  // the key-major kernel's streamed tile when i
 constexpr int kSumRowPad = 4;
 
 // Whether a call's backward runs fused. A fused form exists for head dims <= 128 (one key pass, 64-query streamed
-// tiles). On the H200 (docs/benchmarks.md, sixth session) fusing paid only at head dim 128 with long query axes
-// (1-6% slower at S = 1k, 0-3% slower at head dim 64), but that was before its loop built its wgmma descriptors in
-// uniform registers (c95c752, +2.4-4.1%). This parked form fuses wherever it can, for timing against those bounds.
-constexpr int kFusedMaxHeadDim = 128;
+// tiles), but on the H200 (docs/benchmarks.md, sixth session) fusing paid only in the 128 instantiation with long
+// query axes, 1-6% slower at S = 1k and 0-3% slower at head dim 64. As merged (eighth session) it gains 4% forward+
+// backward at D = 128, S = 4k full and 3% causal. Elsewhere dQ keeps its own (query-major) kernel.
+constexpr int kFusedHeadDim = 128;  // the one instantiation that fuses (head dims 65..128)
+constexpr int64_t kFusedMinQueries = 2048;
 inline bool fuses_query_gradient(const AttentionShape& s, bool deterministic) {
-  return !deterministic && s.head_dim <= kFusedMaxHeadDim;
+  return !deterministic && s.head_dim > kFusedHeadDim - 64 && s.head_dim <= kFusedHeadDim &&
+         s.seqlen_q >= kFusedMinQueries;
 }
 
 // Hopper instantiations are multiples of 64 and a call runs in the smallest one that holds its head dim; the
