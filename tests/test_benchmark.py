@@ -146,7 +146,7 @@ def test_json_is_written_when_the_grid_selects_no_case(tmp_path):
 
 def test_head_dims_keeps_only_those_cases(tmp_path):
     out = tmp_path / "d64.json"
-    shortest = "512" if jax.default_backend() == "cpu" else "1024"  # the demo grid's shortest sequence there
+    shortest = str(min(case.seq for case in benchmark._grid("demo", jax.default_backend() == "gpu")))
     benchmark.main(["--grid", "demo", "--seqs", shortest, "--head-dims", "64", "--parts", "fwd", "--min-seconds",
                     "0.001", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
