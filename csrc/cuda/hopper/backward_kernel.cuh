@@ -280,8 +280,8 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   // wgmma descriptors in uniform registers: 2 R2UR per tile instead of 112, and its forward+backward 2.4-4.1% faster
   // at head dim 128 on an H100 (docs/benchmarks.md, twenty-first session). The other roles keep the thread's own
   // slice: with the warpgroup's, the head dim 64 kernels measured 0-2% slower in the same run.
-  const int warpgroup_thread = warpgroup_first_thread(thread);
-  auto operand_scores = mma_scores.get_thread_slice(kFused ? warpgroup_thread : thread);
+  const int warpgroup_first = warpgroup_first_thread(thread);
+  auto operand_scores = mma_scores.get_thread_slice(kFused ? warpgroup_first : thread);
   Tensor tRa = operand_scores.partition_fragment_A(sRa);
   Tensor tRb = operand_scores.partition_fragment_A(sRb);
   Tensor tSa = operand_scores.partition_fragment_B(sSa);  // (MMA, N, K, stage)
@@ -309,7 +309,7 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     if constexpr (kFused) {
       typename Config::MmaQueries mma_queries;
       auto thread_queries = mma_queries.get_thread_slice(thread);
-      auto operand_queries = mma_queries.get_thread_slice(warpgroup_thread);  // as operand_scores
+      auto operand_queries = mma_queries.get_thread_slice(warpgroup_first);  // as operand_scores
       Tensor sdS = make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientLayout{});
       Tensor sdSt =
           make_tensor(make_smem_ptr(smem.score_gradients.data()), typename Config::ScoreGradientTransposed{});
