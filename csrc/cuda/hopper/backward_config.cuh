@@ -93,6 +93,11 @@ struct FusedBackwardConfig : Base {
   // (queries, keys, buffer), queries contiguous: the MN-major A operand of dQ = dS K.
   using ScoreGradientLayout =
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kStreamed>, Int<kResident>, _2>{}));
+  // Bytes from one dS buffer to the next: a multiple of the 1024-byte swizzle span, so a thread's swizzled address
+  // in the second buffer is its address in the first plus this.
+  static constexpr uint32_t kScoreGradientBufferBytes = kStreamed * kResident * sizeof(Element);
+  static_assert(ScoreGradientLayout{}.layout_b()(0, 0, 1) * sizeof(Element) == kScoreGradientBufferBytes &&
+                kScoreGradientBufferBytes % 1024 == 0);
   // The same bytes as (keys, queries, buffer): where the key-major accumulator of dS^T is written.
   using ScoreGradientTransposed = TransposedTiles<ScoreGradientLayout, kStreamed, kResident, 2>;
   // K as (head_dim, keys): the MN-major B operand.

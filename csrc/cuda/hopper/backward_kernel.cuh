@@ -240,6 +240,13 @@ __device__ void produce_backward(const BackwardKernelParams<Config>& p, typename
   }
 }
 
+// stmatrix .x4: four 8 x 8 matrices of 16-bit values, each thread giving one row's shared-memory address.
+__device__ __forceinline__ void store_matrices_x4(uint32_t address, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
+}
+
 // A store by the threads where `predicate` holds, as one predicated instruction: a branch on the thread index inside
 // the fused loop (`if (thread == 0) ...`) made ptxas build every wgmma descriptor of that loop in vector registers.
 __device__ __forceinline__ void store_shared_if(bool predicate, int64_t* slot, int64_t value) {
@@ -324,6 +331,25 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     }
   }();
 
+  // Fused: dS^T leaves by four stmatrix per thread, 16 queries (32 bytes) apart in a row of the swizzled buffer.
+  // Their addresses are the first one's XOR the step (the step's bits are among those the swizzle XORs into, and
+  // zero in every thread's first address: checked for all 256 threads on the host), and the second buffer's are the
+  // first's plus its distance (a multiple of the swizzle's span). So the thread's first address is computed once:
+  // sliced per tile by the buffer index, CuTe's swizzled pointers rebuilt all four with 64-bit arithmetic every tile.
+  auto score_gradient_copy =
+      make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_scores).get_thread_slice(thread);
+  constexpr uint32_t kScoreGradientStoreStep = 16 * sizeof(Element);
+  [[maybe_unused]] const uint32_t score_gradient_row = [&] {
+    if constexpr (kFused) {
+      Tensor destination = score_gradient_copy.partition_D(get<5>(fused_queries)(_, _, 0));
+      static_assert(size<1>(destination) == 1 && size<2>(destination) == 1 &&
+                    stride<0, 1>(destination.layout()) * sizeof(Element) == kScoreGradientStoreStep);
+      return cute::cast_smem_ptr_to_uint(&destination(0));
+    } else {
+      return 0u;
+    }
+  }();
+
   const int resident_begin = resident_block * kResident;
   const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
   const int resident_end = min(resident_begin + kResident, resident_rows);
@@ -365,6 +391,11 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   };
   TileTicket ticket = wait_for_ticket();
   [[maybe_unused]] int ticket_parity = 0;  // fused: which dS buffer this tile uses
+  // Fused: where the dQ sum's blocks of this CTA's KV group start (first query head, first tile), in floats.
+  constexpr int64_t kSumBlockFloats = kSumTileRows * (kHeadDim + kSumRowPad);
+  [[maybe_unused]] const int sum_tiles = sum_query_tiles(p.seqlen_q);
+  [[maybe_unused]] const int64_t first_sum_target =
+      sum_block(batch, head * p.group, 0, p.heads_q, sum_tiles) * kSumBlockFloats;
   [[maybe_unused]] uint32_t sum_phase = 1;  // fused: the dQ block's "empty" barrier; a fresh one counts as released
   // Fused: this tile's dQ block to shared memory and its place in the sum (or -1: no more) for the dQ writer.
   auto hand_over_query_gradient = [&](auto const& block, int64_t target) {
@@ -372,13 +403,12 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       Barrier::wait(&smem.query_gradient_empty, sum_phase);
       sum_phase ^= 1;
       if (target >= 0) {
-        for_each_column_pair(block, get<4>(fused_queries), kStreamed, kHeadDim,
-                             [&](int, int row) {
-                               float* destination = smem.query_gradient[row];
-                               return [=](int column, float a, float b) {
-                                 *reinterpret_cast<float2*>(destination + column) = make_float2(a, b);
-                               };
-                             });
+        for_each_column_pair_of_tile(block, get<4>(fused_queries), [&](int, int row) {
+          float* destination = smem.query_gradient[row];
+          return [=](int column, float a, float b) {
+            *reinterpret_cast<float2*>(destination + column) = make_float2(a, b);
+          };
+        });
         cutlass::arch::fence_view_async_shared();  // visible to the bulk operation (the async proxy)
       }
       store_shared_if(thread == 0, &smem.query_gradient_target, target);  // no branch: see store_shared_if
@@ -466,10 +496,13 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       if constexpr (kFused) {
         // stmatrix: eight rows of 16 bytes per instruction; queries are contiguous in the buffer, as in the
         // accumulator's rows of dS^T.
-        auto to_shared = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_scores);
-        auto thread_copy = to_shared.get_thread_slice(thread);
-        Tensor source = make_tensor(tdS.data(), tdP.layout());
-        copy(to_shared, thread_copy.retile_S(source), thread_copy.partition_D(get<5>(fused_queries)(_, _, ticket_parity)));
+        const uint32_t first_row = score_gradient_row + ticket_parity * Config::kScoreGradientBufferBytes;
+        Tensor source = score_gradient_copy.retile_S(make_tensor(tdS.data(), tdP.layout()));  // ((8, 4), 1, 1)
+        CUTE_UNROLL
+        for (int j = 0; j < size<0, 1>(source); ++j) {
+          Tensor values = recast<uint32_t>(source(make_coord(_, j), 0, 0));
+          store_matrices_x4(first_row ^ (j * kScoreGradientStoreStep), values(0), values(1), values(2), values(3));
+        }
         cutlass::arch::fence_view_async_shared();
       }
       if constexpr (kFused) {
@@ -484,9 +517,9 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     if constexpr (kFused) {
       warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
       warpgroup_fence_operand(get<3>(fused_queries));
-      const int head_q = head * p.group + read_published(&smem.head_offsets[stage]);
-      const int64_t block = sum_block(batch, head_q, ticket.tile(), p.heads_q, sum_query_tiles(p.seqlen_q));
-      hand_over_query_gradient(get<3>(fused_queries), block * kSumTileRows * (kHeadDim + kSumRowPad));
+      // The stage's query head is head * group + its offset (sum_block is linear in the head and the tile).
+      const int block = read_published(&smem.head_offsets[stage]) * sum_tiles + ticket.tile();
+      hand_over_query_gradient(get<3>(fused_queries), first_sum_target + int64_t(block) * kSumBlockFloats);
       ticket_parity ^= 1;
     }
     const int this_stage = stage;
