@@ -108,6 +108,12 @@ struct FusedBackwardConfig : Base {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kConsumerWarpgroups>, _1>>{}));
 
+  // dS^T leaves the consumers' registers by stmatrix, four per thread and buffer, kScoreGradientStoreStep bytes
+  // apart along the queries before the swizzle.
+  using ScoreGradientCopy =
+      decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Base::MmaScores{}));
+  static constexpr uint32_t kScoreGradientStoreStep = 16 * sizeof(Element);
+
   struct SharedStorage : Base::SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<ScoreGradientLayout>, 1024> score_gradients;
     alignas(128) float query_gradient[kStreamed][kHeadDim + kSumRowPad];  // one tile's dQ, for the bulk add
@@ -118,5 +124,14 @@ struct FusedBackwardConfig : Base {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");
 };
+
+// Where thread `thread` (of the consumer warpgroups) stores its dS^T: ((8 values, 4 stores), 1, 1, buffer), the
+// stores' first elements being its row addresses. The fused kernel computes one address from it and derives the rest
+// (backward_kernel.cuh); tests/cuda/score_gradient_stores.cu checks that derivation for every thread on the host.
+template <class Config>
+CUTE_HOST_DEVICE auto score_gradient_targets(int thread, typename Config::Element* buffers) {
+  Tensor all = make_tensor(make_smem_ptr(buffers), typename Config::ScoreGradientTransposed{});
+  return typename Config::ScoreGradientCopy{}.get_thread_slice(thread).partition_D(all);
+}
 
 }  // namespace jax_flash::cuda_kernels::hopper

@@ -331,20 +331,16 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     }
   }();
 
-  // Fused: dS^T leaves by four stmatrix per thread, 16 queries (32 bytes) apart in a row of the swizzled buffer.
-  // Their addresses are the first one's XOR the step (the step's bits are among those the swizzle XORs into, and
-  // zero in every thread's first address: checked for all 256 threads on the host), and the second buffer's are the
-  // first's plus its distance (a multiple of the swizzle's span). So the thread's first address is computed once:
-  // sliced per tile by the buffer index, CuTe's swizzled pointers rebuilt all four with 64-bit arithmetic every tile.
+  // Fused: dS^T leaves by four stmatrix per thread (score_gradient_targets). Their addresses are the first one's XOR
+  // the step (the step's bits are among those the swizzle XORs into, and zero in every thread's first address), and
+  // the second buffer's are the first's plus its distance (a multiple of the swizzle's span); checked for every
+  // thread by tests/cuda/score_gradient_stores.cu. So the thread's first address is computed once: sliced per tile by
+  // the buffer index, CuTe's swizzled pointers rebuilt all four with 64-bit arithmetic every tile.
   auto score_gradient_copy =
       make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_scores).get_thread_slice(thread);
-  constexpr uint32_t kScoreGradientStoreStep = 16 * sizeof(Element);
   [[maybe_unused]] const uint32_t score_gradient_row = [&] {
     if constexpr (kFused) {
-      Tensor destination = score_gradient_copy.partition_D(get<5>(fused_queries)(_, _, 0));
-      static_assert(size<1>(destination) == 1 && size<2>(destination) == 1 &&
-                    stride<0, 1>(destination.layout()) * sizeof(Element) == kScoreGradientStoreStep);
-      return cute::cast_smem_ptr_to_uint(&destination(0));
+      return cute::cast_smem_ptr_to_uint(&score_gradient_targets<Config>(thread, smem.score_gradients.data())(0));
     } else {
       return 0u;
     }
@@ -501,7 +497,8 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
         CUTE_UNROLL
         for (int j = 0; j < size<0, 1>(source); ++j) {
           Tensor values = recast<uint32_t>(source(make_coord(_, j), 0, 0));
-          store_matrices_x4(first_row ^ (j * kScoreGradientStoreStep), values(0), values(1), values(2), values(3));
+          store_matrices_x4(first_row ^ (j * Config::kScoreGradientStoreStep), values(0), values(1), values(2),
+                            values(3));
         }
         cutlass::arch::fence_view_async_shared();
       }

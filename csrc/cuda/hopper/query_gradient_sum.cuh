@@ -24,7 +24,9 @@ constexpr int kSumRowPad = 4;
 // Whether a call's backward runs fused. A fused form exists for head dims <= 128 (one key pass, 64-query streamed
 // tiles), but on the H200 (docs/benchmarks.md, sixth session) fusing paid only in the 128 instantiation with long
 // query axes, 1-6% slower at S = 1k and 0-3% slower at head dim 64. As merged (eighth session) it gains 4% forward+
-// backward at D = 128, S = 4k full and 3% causal. Elsewhere dQ keeps its own (query-major) kernel.
+// backward at D = 128, S = 4k full and 3% causal. Elsewhere dQ keeps its own (query-major) kernel: fusing
+// everywhere, timed again after the fused loop got cheaper (twenty-second session, H100), still lost 1.6-5.5% at
+// head dim 64 and 4% at 128 with 1k causal queries.
 constexpr int kFusedHeadDim = 128;  // the one instantiation that fuses (head dims 65..128)
 constexpr int64_t kFusedMinQueries = 2048;
 inline bool fuses_query_gradient(const AttentionShape& s, bool deterministic) {
