@@ -22,12 +22,7 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// kMaxLagLog2: how far (in log2 units) a row's maximum may rise before the warp moves to it. Until then the
-// exponentials are taken against the old maximum (each at most 2^kMaxLagLog2) and what was accumulated needs no
-// rescale: most key tiles past the first few leave every row of a warp within the lag, and the output rows' rescale
-// (one FMUL per output element and key tile) is skipped for them. 0: the warp moves whenever a maximum rises, and
-// skips the rescale only where none did (exact); FP8 probabilities must stay within e4m3's range, so it uses 0.
-template <int kRows, int kMaxLagLog2>
+template <int kRows>
 struct OnlineSoftmax {
   float scale_log2;     // multiplies a raw score into log2 units
   float row_max[kRows];  // raw units; -inf while a row has seen no visible key
@@ -41,43 +36,29 @@ struct OnlineSoftmax {
     }
   }
 
-  // Turns `scores` into unnormalised probabilities against the (possibly moved) row maxima. Returns whether the
-  // maxima moved, the same answer in every lane of the warp; only then `rescale` holds, per row, the factor that
-  // rescales what was accumulated against the old maxima (the output rows; row_sum is rescaled here).
+  // Turns `scores` into unnormalised probabilities against the updated row maxima and returns, per row, the factor
+  // that rescales what was accumulated against the old maxima (the output rows and row_sum).
   template <class Scores>
-  __device__ __forceinline__ bool update(Scores& scores, float (&rescale)[kRows]) {
+  __device__ __forceinline__ void update(Scores& scores, float (&rescale)[kRows]) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
-    float new_max[kRows];
-    bool rises = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      new_max[r] = row_max[r];
+      float new_max = row_max[r];
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) new_max[r] = fmaxf(new_max[r], scores(r, c));
-      new_max[r] = quad_max(new_max[r]);
-      // From -inf (no visible key yet) any finite maximum rises; -inf to -inf (NaN) does not.
-      rises |= (new_max[r] - row_max[r]) * scale_log2 > float(kMaxLagLog2);
-    }
-    const bool moves = __any_sync(0xffffffffu, rises);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      if (moves) {
-        // A row with no visible key yet keeps every probability exp2(-inf) = 0 rather than NaN from -inf - -inf.
-        const float base = new_max[r] == -INFINITY ? 0.f : new_max[r] * scale_log2;
-        rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
-        row_max[r] = new_max[r];
-        row_sum[r] *= rescale[r];
-      }
-      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      for (int c = 0; c < cute::size<1>(scores); ++c) new_max = fmaxf(new_max, scores(r, c));
+      new_max = quad_max(new_max);
+      // A row with no visible key yet keeps every probability exp2(-inf) = 0 rather than NaN from -inf - -inf.
+      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
+      row_max[r] = new_max;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
         scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
         sum += scores(r, c);
       }
-      row_sum[r] += sum;
+      row_sum[r] = row_sum[r] * rescale[r] + sum;
     }
-    return moves;
   }
 
   // 1 / sum per row (0 for a row that saw no key, so its output is 0) and the natural-log sum of exp.
