@@ -143,10 +143,13 @@ def _dequantized_fp8_forward(q, k, v, descale, *tokens, config: AttentionConfig)
     return attention_fwd_p.bind(*dequantize_fp8(q, k, v, descale[0], descale[1]), *tokens, config=config)
 
 
-def fp8_kernel_applies(head_dim: int) -> bool:
+def fp8_kernel_applies(head_dim: int, scale: float = 1.0, softcap: float = 0.0) -> bool:
     """Whether the CUDA lowering of attention_fp8_fwd runs the FP8 kernel: built with it, sm_90 GPUs only (sm_90a
-    code runs on nothing else), Hopper kernels not switched off, and a head_dim it holds."""
+    code runs on nothing else), Hopper kernels not switched off, a head_dim it holds, and not a negative scale
+    without a soft cap (its row maxima are taken over the unscaled scores, as in the Hopper forward)."""
     if not (_ffi.fp8_kernels() and _ffi.kernel_choice() == "auto" and head_dim % 16 == 0 and head_dim <= 128):
+        return False
+    if scale < 0 and not softcap > 0:
         return False
     gpus = _local_gpus()  # none when lowering for CUDA without a GPU: then the path that runs anywhere
     return bool(gpus) and all(_compute_capability(d) == (9, 0) for d in gpus)
@@ -157,7 +160,7 @@ def _fp8_lowering(platform: str):
     dequantized = mlir.lower_fun(_dequantized_fp8_forward, multiple_results=True)
 
     def rule(ctx, *operands, config: AttentionConfig):
-        if platform == "cuda" and fp8_kernel_applies(ctx.avals_in[0].shape[-1]):
+        if platform == "cuda" and fp8_kernel_applies(ctx.avals_in[0].shape[-1], config.scale, config.softcap):
             return kernel(ctx, *operands, config=config)
         return dequantized(ctx, *operands, config=config)
 

@@ -82,6 +82,10 @@ def _cases():
     cases.append(Case(113, 113, 2, 1, 64, "float32", is_causal=True, scale=1.0))
     cases.append(Case(17, 113, 2, 1, 64, "float32", scale=0.01))
     cases.append(Case(17, 113, 2, 1, 64, "bfloat16", scale=0.01))
+    # A negative scale flips which raw score is a row's largest: masked keys must still get probability 0 and no
+    # probability may overflow (the Hopper forward, which takes its maxima before scaling, leaves these to sm80).
+    cases.append(Case(113, 113, 2, 1, 64, "float16", is_causal=True, scale=-1.0))
+    cases.append(Case(17, 113, 2, 1, 128, "bfloat16", window=(9, 9), scale=-0.3))
     return [pytest.param(c, id=c.id()) for c in cases]
 
 

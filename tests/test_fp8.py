@@ -61,6 +61,8 @@ def _e4m3_probability_baseline(qkv, scales, mask):
     (33, 77, 2, 2, 256, dict(is_causal=True)),
     (1000, 1000, 8, 1, 128, dict(is_causal=True)),
     (300, 257, 4, 4, 112, dict(softcap=20.0, local_window_size=(100, 0))),
+    # A negative scale: the FP8 kernel takes its row maxima before scaling, so these run dequantized.
+    (65, 70, 2, 1, 64, dict(scale=-0.5, is_causal=True)),
 ])
 def test_matches_the_float64_reference(platform, rng, seq_q, seq_k, heads_q, heads_kv, head_dim, mask):
     qkv, scales = _inputs(rng, platform, seq_q=seq_q, seq_k=seq_k, heads_q=heads_q, heads_kv=heads_kv,
@@ -69,7 +71,7 @@ def test_matches_the_float64_reference(platform, rng, seq_q, seq_k, heads_q, hea
     out = jax.jit(attend)(*qkv)
     assert out.dtype == jnp.bfloat16 and out.shape == qkv[0].shape
     ref = at.numpy_attention(*_real_values(qkv, scales), **mask)
-    if platform == "gpu" and fp8_kernel_applies(head_dim):
+    if platform == "gpu" and fp8_kernel_applies(head_dim, mask.get("scale", 1.0), mask.get("softcap", 0.0)):
         at.assert_lowers_to_kernels(jax.jit(attend).lower(*qkv).as_text(), platform, ops=("fp8_fwd",))
         at.assert_rule(out, _e4m3_probability_baseline(qkv, scales, mask), ref)
     else:

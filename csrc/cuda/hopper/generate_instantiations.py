@@ -205,6 +205,10 @@ bool device_supported() {{
 size_t forward_workspace_bytes() {{ return sizeof(int); }}
 
 cudaError_t forward(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {{
+  // The Hopper forward takes its row maxima over the raw scores and applies the scale after (online_softmax.cuh),
+  // which holds for a positive scale only; a negative one without a soft cap runs on the sm80 kernels, which scale
+  // first. (A soft cap's scale acts inside the tanh, before the maxima.)
+  if (params.scale < 0.f && !(params.mask.softcap > 0.f)) return cudaErrorNotSupported;
   const int bucket = forward_bucket(params.shape.head_dim);
   switch (params.dtype) {{
 {forward_cases}
