@@ -183,12 +183,13 @@ def _check(case: Case, q, k, v) -> float:
 
 def run(grid: str, parts: tuple[str, ...], min_seconds: float, only: tuple[str, ...] = (),
         seqs: tuple[int, ...] = (), deterministic: bool = False, on_case=None,
-        head_dims: tuple[int, ...] = ()) -> list[dict]:
+        head_dims: tuple[int, ...] = (), masks: tuple[str, ...] = ()) -> list[dict]:
     """Every measurement of the grid; `on_case(rows)`, if given, sees the rows so far after each case, so a run cut
     short by a time limit still leaves what it measured."""
     on_gpu = jax.default_backend() == "gpu"
     cases = [c._replace(deterministic=deterministic) for c in _grid(grid, on_gpu)
-             if (not seqs or c.seq in seqs) and (not head_dims or c.head_dim in head_dims)]
+             if (not seqs or c.seq in seqs) and (not head_dims or c.head_dim in head_dims)
+             and (not masks or ("causal" if c.causal else "full") in masks)]
     impls = [i for i in _peers(on_gpu) if not only or i in only or i == "jax_flash"]
     rows = []
     for case in tqdm(cases, desc="benchmark", unit="case"):
@@ -308,6 +309,15 @@ def comma_ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
+def comma_masks(text: str) -> tuple[str, ...]:
+    """An argparse type: "full,causal" -> ("full", "causal"); a misspelt mask would select no case, so it is refused."""
+    masks = tuple(text.split(","))
+    unknown = set(masks) - {"full", "causal"}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown mask {sorted(unknown)}; allowed: full, causal")
+    return masks
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="demo", choices=("demo", "cpu-acceptance", "anchors", "quick", "features", "full"))
@@ -316,6 +326,8 @@ def main(argv=None) -> None:
                         help="comma-separated sequence lengths to keep from the grid (default: all)")
     parser.add_argument("--head-dims", type=comma_ints, default=(),
                         help="comma-separated head dims to keep from the grid (default: all)")
+    parser.add_argument("--masks", type=comma_masks, default=(),
+                        help="comma-separated subset of full,causal: the cases to keep by is_causal (default: both)")
     parser.add_argument("--parts", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     parser.add_argument("--min-seconds", type=float, default=0.2, help="time per repeat, at least one call")
     parser.add_argument("--deterministic", action="store_true",
@@ -348,7 +360,8 @@ def main(argv=None) -> None:
 
     rows = run(args.grid, tuple(args.parts.split(",")), args.min_seconds,
                tuple(args.impls.split(",")) if args.impls else (),
-               args.seqs, args.deterministic, on_case=save, head_dims=args.head_dims)
+               args.seqs, args.deterministic, on_case=save, head_dims=args.head_dims,
+               masks=args.masks)
     save(rows)  # a grid that selected no case still leaves its (empty) JSON file
     print(format_table(rows))
     if args.plot:

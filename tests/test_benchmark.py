@@ -151,3 +151,17 @@ def test_head_dims_keeps_only_those_cases(tmp_path):
                     "0.001", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert rows and {r["head_dim"] for r in rows} == {64}
+
+
+def test_masks_keeps_only_those_cases(tmp_path):
+    out = tmp_path / "causal.json"
+    shortest = str(min(case.seq for case in benchmark._grid("demo", jax.default_backend() == "gpu")))
+    benchmark.main(["--grid", "demo", "--seqs", shortest, "--head-dims", "64", "--masks", "causal", "--parts", "fwd",
+                    "--min-seconds", "0.001", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["causal"] for r in rows)
+
+
+def test_masks_refuses_an_unknown_mask():
+    with pytest.raises(SystemExit):
+        benchmark.main(["--grid", "demo", "--masks", "casual"])
