@@ -104,3 +104,19 @@ def test_cpu_results_are_deterministic(platform, rng):
         again = f(q, k, v, cotangent)
         for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_cpu_single_key_rows_have_exactly_zero_query_gradients(platform, rng, dtype):
+    """A row that sees one key has P = 1, so its output is that value row and dP - delta cancels: dQ is exactly 0, as
+    in XLA's autodiff. The CPU backward sums delta with dP's own GEMM code and rounding, so the cancellation is exact
+    there (the GPU kernels' tensor-core dP differs from their delta by rounding)."""
+    if platform != "cpu":
+        pytest.skip("exact cancellation is a property of the CPU kernels only")
+    # Causal over 17 keys: row 0 sees key 0 only; the tile spans the GEMM's vector and scalar column paths.
+    q, k, v = at.random_qkv(rng, platform, seq_q=17, seq_k=17, heads_q=4, heads_kv=2, head_dim=96,
+                            dtype=at.DTYPES[dtype], batch=2)
+    cotangent = at.normal(rng, q.shape, q.dtype, platform)
+    _, (dq, _, _) = jax.jit(at.fwd_and_vjp(is_causal=True)(at.flash_attention))(q, k, v, cotangent)
+    assert np.all(np.asarray(dq[:, 0], np.float32) == 0)
+    assert np.all(np.abs(np.asarray(dq[:, 1:], np.float32)).max(axis=-1) > 0)  # the other rows do get gradients

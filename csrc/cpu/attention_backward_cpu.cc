@@ -28,7 +28,9 @@ struct BackwardScratch {
   std::vector<float> k, k_t, v_t, dk, dv, q, dout, s, dp, transposed, row;
 };
 
-// delta[b, h, i] = sum_d dout * out: the softmax-gradient correction of row i.
+// delta[b, h, i] = sum_d dout * out: the softmax-gradient correction of row i. It and dP are summed by the unfused
+// GEMM, which rounds every element alike, so a row whose output is one value row (a single visible key: P = 1) gets
+// dP - delta = 0 and a zero dQ, as the exact gradient and XLA's autodiff do.
 void compute_delta(const AttentionBackwardParams& p, float* delta, const ParallelFor& parallel_for) {
   const AttentionShape& sh = p.shape;
   const int64_t d = sh.head_dim;
@@ -40,7 +42,7 @@ void compute_delta(const AttentionBackwardParams& p, float* delta, const Paralle
       cpu::load_floats(p.dtype, p.dout, offset, d, 1.f, dout.data());
       cpu::load_floats(p.dtype, p.out, offset, d, 1.f, out.data());
       float sum = 0.f;
-      for (int64_t x = 0; x < d; ++x) sum += dout[x] * out[x];
+      cpu::gemm_accumulate_unfused(&sum, 1, dout.data(), d, out.data(), 1, 1, 1, d);
       delta[(b * sh.heads_q + h) * sh.seqlen_q + i] = sum;
     }
   });
@@ -80,7 +82,7 @@ void backward_block(const AttentionBackwardParams& p, const float* delta, int64_
   cpu::gemm_accumulate(t.dv.data(), d, t.transposed.data(), kQueryTile, t.dout.data(), d, cols, d, rows);
   // dP = dO V^T, then dS = P (dP - delta) scaled by the soft-cap slope, written over dP.
   std::fill(t.dp.begin(), t.dp.begin() + rows * kKeyTile, 0.f);
-  cpu::gemm_accumulate(t.dp.data(), kKeyTile, t.dout.data(), d, t.v_t.data(), kKeyTile, rows, cols, d);
+  cpu::gemm_accumulate_unfused(t.dp.data(), kKeyTile, t.dout.data(), d, t.v_t.data(), kKeyTile, rows, cols, d);
   const float* row_delta = delta + (b * sh.heads_q + h) * sh.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r) {
     float* dp = &t.dp[r * kKeyTile];

@@ -11,6 +11,14 @@
 #define JAX_FLASH_MULTIVERSION
 #endif
 
+// Rounds a*b + c twice. GCC (default -ffp-contract=fast) fuses such a product and sum into one FMA in some of
+// gemm_rows' loops and not in others; Clang contracts only within one expression, which every path writes alike.
+#if defined(__GNUC__) && !defined(__clang__)
+#define JAX_FLASH_NO_FMA __attribute__((optimize("fp-contract=off")))
+#else
+#define JAX_FLASH_NO_FMA
+#endif
+
 namespace jax_flash::cpu {
 namespace {
 
@@ -90,16 +98,28 @@ __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   return er * scale;
 }
 
+// Six rows x 16 columns keeps 12 accumulators plus operands inside the 16 AVX registers.
+__attribute__((always_inline)) inline void gemm_row_blocks(float* c, int64_t ldc, const float* a, int64_t lda,
+                                                           const float* b, int64_t ldb, int64_t m, int64_t n,
+                                                           int64_t k) {
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) gemm_rows<6>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
+  for (; i + 2 <= m; i += 2) gemm_rows<2>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
+  for (; i < m; ++i) gemm_rows<1>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
+}
+
 }  // namespace
 
 JAX_FLASH_MULTIVERSION
 void gemm_accumulate(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
                      int64_t n, int64_t k) {
-  // Six rows x 16 columns keeps 12 accumulators plus operands inside the 16 AVX registers.
-  int64_t i = 0;
-  for (; i + 6 <= m; i += 6) gemm_rows<6>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
-  for (; i + 2 <= m; i += 2) gemm_rows<2>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
-  for (; i < m; ++i) gemm_rows<1>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
+  gemm_row_blocks(c, ldc, a, lda, b, ldb, m, n, k);
+}
+
+JAX_FLASH_MULTIVERSION JAX_FLASH_NO_FMA
+void gemm_accumulate_unfused(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb,
+                             int64_t m, int64_t n, int64_t k) {
+  gemm_row_blocks(c, ldc, a, lda, b, ldb, m, n, k);
 }
 
 JAX_FLASH_MULTIVERSION

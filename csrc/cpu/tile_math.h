@@ -9,6 +9,11 @@ namespace jax_flash::cpu {
 void gemm_accumulate(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
                      int64_t n, int64_t k);
 
+// The same product, every element rounded the same way whatever its place in the tile (no fused multiply-adds), so
+// two calls that multiply equal rows give equal results.
+void gemm_accumulate_unfused(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb,
+                             int64_t m, int64_t n, int64_t k);
+
 // x[i] = exp(x[i] - shift) for i < n; returns the sum of the new values. x[i] = -inf gives 0.
 float exp_shifted_sum(float* x, int64_t n, float shift);
 
