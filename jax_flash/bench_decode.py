@@ -22,6 +22,11 @@ ratio to the fastest peer (the peer's time / jax_flash's), and the host's time u
 timing where that is most of the time is marked host-bound: it measures Python and XLA's dispatch, not the GPU; in
 the rolled loop it includes XLA's control of each step, which waits for the GPU). Every result is checked against
 jax.nn's xla output first.
+
+Also measured in the same process: jax_flash on a paged copy of the same cache ("jax_flash paged": pages of
+PAGE_SIZE positions in a shuffled pool, each sequence's page table a random permutation) and its time over the
+contiguous layout's, and the device's copy bandwidth (a jitted elementwise op over a large array, bytes read + written
+per second), against which each jax_flash timing's GB/s is reported as a fraction.
 """
 
 from __future__ import annotations
@@ -40,11 +45,16 @@ import jax_flash
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 GPU_CASES = [(8, 4096), (8, 32768), (1, 131072), (64, 8192), (128, 2048)]
 CPU_CASES = [(1, 4096), (4, 2048), (16, 512)]
+PAGE_SIZE = 64
+PAGED = "jax_flash paged"  # ours on the paged layout: compared with the contiguous layout, not counted as a peer
+COPY_BYTES = {"gpu": 1 << 30, "cpu": 1 << 26}  # array size for the copy-bandwidth measurement
 
 
 def _implementations(on_gpu: bool):
-    """name -> f(q [B, 1, Hq, D], k, v [B, L, Hkv, D], lengths [B]) -> out [B, 1, Hq, D]."""
-    impls = {"jax_flash": lambda q, k, v, n: jax_flash.decode_attention(q, k, v, n)}
+    """name -> f(q [B, 1, Hq, D], k, v [B, L, Hkv, D], lengths [B]) -> out [B, 1, Hq, D]; PAGED's k and v are
+    page pools [pages, PAGE_SIZE, Hkv, D] and it takes the page table [B, L / PAGE_SIZE] after the lengths."""
+    impls = {"jax_flash": lambda q, k, v, n: jax_flash.decode_attention(q, k, v, n),
+             PAGED: lambda q, k, v, n, table: jax_flash.decode_attention(q, k, v, n, page_table=table)}
     if on_gpu:
         impls["jax.nn cudnn"] = lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
     impls["jax.nn xla"] = lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, implementation="xla")
@@ -70,16 +80,16 @@ def _program(fn, reps: int, timing: str):
     if timing == "call":
         once = jax.jit(fn)
 
-        def calls(q, k, v, n):
+        def calls(*args):
             for _ in range(reps):
-                out = once(q, k, v, n)
+                out = once(*args)
             return out
 
         return calls
 
     @jax.jit
-    def steps(q, k, v, n):
-        step = lambda q: q + 1e-3 * fn(q, k, v, n).astype(q.dtype)  # noqa: E731
+    def steps(q, *cache):
+        step = lambda q: q + 1e-3 * fn(q, *cache).astype(q.dtype)  # noqa: E731
         if timing == "loop":
             return jax.lax.fori_loop(0, reps, lambda _, q: step(q), q)
         for _ in range(reps):
@@ -111,14 +121,43 @@ def _time(fn, args, reps: int, timing: str, repeats: int = 5) -> tuple[float, fl
     return best
 
 
-def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: int = HEAD_DIM) -> list[dict]:
+def measure_copy_bandwidth(nbytes: int, reps: int = 20) -> float:
+    """GB/s of a jitted elementwise op over an array of `nbytes` (bytes read + bytes written), timed as the
+    decode calls are; the roofline that issue 6 measures decode against."""
+    x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), jax.devices()[0])
+    seconds, _ = _time(lambda x: x + 1.0, (x,), reps, "call")
+    return 2 * nbytes / seconds / 1e9
+
+
+def _paged(k, v, rng):
+    """The same caches as page pools in a shuffled order (the last page zero-padded), and the page table that reads
+    them back."""
+    batch, length = k.shape[:2]
+    pages_per_seq = -(-length // PAGE_SIZE)
+    slot = rng.permutation(batch * pages_per_seq)  # pool slot of each sequence's pages, in order
+    table = jnp.asarray(slot.reshape(batch, pages_per_seq), jnp.int32)
+
+    def to_pool(cache):
+        padded = jnp.pad(cache, ((0, 0), (0, pages_per_seq * PAGE_SIZE - length), (0, 0), (0, 0)))
+        pages = padded.reshape(batch * pages_per_seq, PAGE_SIZE, *cache.shape[2:])
+        return pages[np.argsort(slot)]  # pool[slot[i]] = pages[i]
+
+    return to_pool(k), to_pool(v), table
+
+
+def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: int = HEAD_DIM,
+             copy_gb_per_s: float | None = None) -> list[dict]:
     """One cache shape, every implementation; `reps` maps each timing to its number of steps. An implementation that
-    fails or answers wrong gets an `error` and no timing."""
+    fails or answers wrong gets an `error` and no timing. PAGED needs `length` in whole pages."""
     device = jax.devices()[0]
     make = lambda *shape: jax.device_put(jnp.asarray(rng.standard_normal(shape), dtype), device)  # noqa: E731
     q = make(batch, 1, HEADS_Q, head_dim)
     k, v = make(batch, length, HEADS_KV, head_dim), make(batch, length, HEADS_KV, head_dim)
     n = jax.device_put(jnp.full((batch,), length, jnp.int32), device)
+    inputs = {name: (q, k, v, n) for name in impls}
+    if PAGED in impls:
+        key_pages, value_pages, table = jax.device_put(_paged(k, v, rng), device)
+        inputs[PAGED] = (q, key_pages, value_pages, n, table)
     kv_bytes = 2 * batch * length * HEADS_KV * head_dim * jnp.dtype(dtype).itemsize
     expected = np.asarray(jax.jit(impls["jax.nn xla"])(q, k, v, n), np.float32)
     records = []
@@ -126,12 +165,12 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
         record = dict(batch=batch, length=length, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=head_dim,
                       dtype=jnp.dtype(dtype).name, implementation=name)
         try:
-            err = float(np.max(np.abs(np.asarray(jax.jit(fn)(q, k, v, n), np.float32) - expected)))
+            err = float(np.max(np.abs(np.asarray(jax.jit(fn)(*inputs[name]), np.float32) - expected)))
             record["max_abs_diff_vs_xla"] = err
             if not err <= TOLERANCE[jnp.dtype(dtype).name]:
                 raise ValueError(f"wrong answer: max |diff| vs xla {err:.2e}")
             for timing in TIMINGS:
-                seconds, host_seconds = _time(fn, (q, k, v, n), reps[timing], timing)
+                seconds, host_seconds = _time(fn, inputs[name], reps[timing], timing)
                 record[f"us_{timing}"] = seconds * 1e6
                 record[f"us_{timing}_host"] = host_seconds * 1e6
                 record[f"gb_per_s_{timing}"] = kv_bytes / seconds / 1e9
@@ -142,19 +181,26 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
             [f"{timing} {record[f'us_{timing}']:8.1f} us {record[f'gb_per_s_{timing}']:7.1f} GB/s"
              + (" (host-bound)" if record[f"us_{timing}_host"] > HOST_BOUND * record[f"us_{timing}"] else "")
              for timing in TIMINGS] + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
-        print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:14s} {shown}", flush=True)
-    _compare_to_peers(records)
+        print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:15s} {shown}", flush=True)
+    _compare_to_peers(records, copy_gb_per_s)
     return records
 
 
-def _compare_to_peers(records: list[dict]) -> None:
-    """Adds to jax_flash's record, per timing, the fastest peer and its time / jax_flash's time, and prints them."""
+def _compare_to_peers(records: list[dict], copy_gb_per_s: float | None = None) -> None:
+    """Adds to jax_flash's record, per timing, the fastest peer and its time / jax_flash's time, the paged layout's
+    time / the contiguous one's (where PAGED ran) and the share of the device's copy bandwidth (where measured), and
+    prints them."""
     ours = next((r for r in records if r["implementation"] == "jax_flash"), None)
     if ours is None or "error" in ours:
         return
+    paged = next((r for r in records if r["implementation"] == PAGED and "error" not in r), None)
     shown = []
     for timing in TIMINGS:
-        timed = [r for r in records if r is not ours and f"us_{timing}" in r]
+        if copy_gb_per_s:
+            ours[f"fraction_of_copy_{timing}"] = ours[f"gb_per_s_{timing}"] / copy_gb_per_s
+        if paged is not None:
+            ours[f"paged_over_contiguous_{timing}"] = paged[f"us_{timing}"] / ours[f"us_{timing}"]
+        timed = [r for r in records if not r["implementation"].startswith("jax_flash") and f"us_{timing}" in r]
         if not timed:
             continue
         best = min(timed, key=lambda r: r[f"us_{timing}"])
@@ -162,7 +208,14 @@ def _compare_to_peers(records: list[dict]) -> None:
         ours[f"ratio_to_best_peer_{timing}"] = best[f"us_{timing}"] / ours[f"us_{timing}"]
         shown.append(f"{timing} {ours[f'ratio_to_best_peer_{timing}']:.2f}x ({best['implementation']})")
     if shown:
-        print(f"{'':31s}jax_flash vs the fastest peer: {'  '.join(shown)}", flush=True)
+        print(f"{'':32s}jax_flash vs the fastest peer: {'  '.join(shown)}", flush=True)
+    extra = [f"paged / contiguous time: " + "  ".join(f"{t} {ours[f'paged_over_contiguous_{t}']:.3f}"
+                                                      for t in TIMINGS)] if paged is not None else []
+    if copy_gb_per_s:
+        extra.append("share of the copy bandwidth: " + "  ".join(f"{t} {ours[f'fraction_of_copy_{t}']:.3f}"
+                                                                 for t in TIMINGS))
+    for line in extra:
+        print(f"{'':32s}jax_flash {line}", flush=True)
 
 
 def plot(records: list[dict], path: str) -> None:
@@ -217,13 +270,16 @@ def main(argv=None) -> None:
     reps = {timing: args.reps or (GPU_REPS[timing] if on_gpu else 5) for timing in TIMINGS}
     print(f"device: {jax.devices()[0].device_kind}; GQA {HEADS_Q}/{HEADS_KV}, head_dim {args.head_dim}, "
           f"{jnp.dtype(dtype).name}, steps per timing {reps}", flush=True)
+    copy = measure_copy_bandwidth(COPY_BYTES["gpu" if on_gpu else "cpu"])
+    print(f"device copy bandwidth (read + write): {copy:.1f} GB/s", flush=True)
     impls = _implementations(on_gpu)
     rng = np.random.default_rng(0)
     records = [r for batch, length in cases
-               for r in run_case(batch, length, dtype, impls, reps, rng, args.head_dim)]
+               for r in run_case(batch, length, dtype, impls, reps, rng, args.head_dim, copy)]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, records=records), f, indent=1)
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, copy_gb_per_s=copy,
+                           records=records), f, indent=1)
     if args.plot:
         plot(records, args.plot)
 

@@ -37,7 +37,9 @@ def test_head_dim_sets_the_shapes_and_the_bytes(tmp_path):
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "d64.json", tmp_path / "d64.png"
     bench_decode.main(["--head-dim", "64", "--reps", "1", "--json", str(out), "--plot", str(png)])
-    records = json.loads(out.read_text())["records"]
+    written = json.loads(out.read_text())
+    records = written["records"]
+    assert written["copy_gb_per_s"] > 0
     assert records and {r["head_dim"] for r in records} == {64}
     for r in records:
         kv_bytes = 2 * r["batch"] * r["length"] * r["heads_kv"] * 64 * 4
@@ -55,6 +57,33 @@ def test_the_ratio_is_the_fastest_peers_time_over_ours():
     ours = records[0]
     assert ours["best_peer_loop"] == "b" and ours["ratio_to_best_peer_loop"] == pytest.approx(1.1)
     assert ours["best_peer_unrolled"] == "a" and ours["ratio_to_best_peer_unrolled"] == pytest.approx(0.75)
+
+
+def test_the_paged_run_is_compared_with_the_contiguous_one_and_is_no_peer():
+    records = [dict(implementation="jax_flash", us_call=10.0, gb_per_s_call=3000.0),
+               dict(implementation=bench_decode.PAGED, us_call=10.5),
+               dict(implementation="a", us_call=12.0)]
+    for r in records:
+        r.update({f"{key}_{timing}": r[f"{key}_call"] for key in ("us", "gb_per_s") if f"{key}_call" in r
+                  for timing in bench_decode.TIMINGS})
+    bench_decode._compare_to_peers(records, copy_gb_per_s=4000.0)
+    ours = records[0]
+    for timing in bench_decode.TIMINGS:
+        assert ours[f"best_peer_{timing}"] == "a" and ours[f"ratio_to_best_peer_{timing}"] == pytest.approx(1.2)
+        assert ours[f"paged_over_contiguous_{timing}"] == pytest.approx(1.05)
+        assert ours[f"fraction_of_copy_{timing}"] == pytest.approx(0.75)
+
+
+def test_the_paged_pools_hold_the_same_cache():
+    rng = np.random.default_rng(3)
+    k = jnp.asarray(rng.standard_normal((3, 150, 2, 8)), jnp.float32)  # 150: the last page is partial
+    key_pages, value_pages, table = bench_decode._paged(k, -k, rng)
+    page = bench_decode.PAGE_SIZE
+    assert key_pages.shape == (3 * -(-150 // page), page, 2, 8) and table.shape == (3, -(-150 // page))
+    gathered = key_pages[table].reshape(3, -1, 2, 8)[:, :150]  # sequence b's pages in order
+    np.testing.assert_array_equal(gathered, k)
+    np.testing.assert_array_equal(value_pages, -key_pages)
+    assert sorted(np.asarray(table).ravel().tolist()) == list(range(table.size))  # each pool slot used once
 
 
 def test_a_wrong_answer_is_reported_and_not_timed():
