@@ -38,7 +38,9 @@ constexpr auto value_operand_layout() {
 }
 
 // Element is the type of q, k and v; Output that of the output (the same, but bfloat16 for e4m3 inputs).
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Output_ = Element_>
+// kMaxLagLog2_: how far a row's running maximum may lag (online_softmax.cuh; 0: exact).
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kMaxLagLog2_,
+          typename Output_ = Element_>
 struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>> {
   using Element = Element_;
   using Output = Output_;
@@ -50,6 +52,9 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr int kMaxLagLog2 = kMaxLagLog2_;
+  // FP8 probabilities are scaled to fill e4m3's range, which a lagging maximum would overflow.
+  static_assert(!kFp8 || kMaxLagLog2 == 0);
   using Roles = WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadDim_, kBlockM_ / 64>>;
   static constexpr int kWalkChunks = kForwardWalkChunks<Roles::kProducerRegisters>;
   using Roles::kConsumerWarpgroups;

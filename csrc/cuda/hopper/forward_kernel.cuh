@@ -388,7 +388,7 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     }
   };
 
-  OnlineSoftmax<kRows> softmax(p.mask.softcap > 0.f ? p.scale_log2 : p.scale_log2 * qk_descale);
+  OnlineSoftmax<kRows, Config::kMaxLagLog2> softmax(p.mask.softcap > 0.f ? p.scale_log2 : p.scale_log2 * qk_descale);
   float rescale[kRows];
   clear(tOrO);
 
@@ -422,15 +422,17 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     prepare_scores(ticket, k_cursor.stage);
     Barrier::arrive(&smem.k_empty[k_cursor.stage]);
     k_cursor.advance();
-    softmax.update(scores, rescale);
+    const bool rescales = softmax.update(scores, rescale);
     warpgroup_wait<0>();  // P V done: its V buffer and the P registers are free again
     warpgroup_fence_operand(tOrO);
     Barrier::arrive(&smem.v_empty[v_cursor.stage]);
     v_cursor.advance();
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if (rescales) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(out_rows); ++c) out_rows(r, c) *= rescale[r];
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(out_rows); ++c) out_rows(r, c) *= rescale[r];
+      }
     }
     to_operand();
   }

@@ -22,7 +22,13 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int kRows>
+// kMaxLagLog2: how far (in log2 units) a row's maximum may rise before the warp moves to it. Until then the
+// exponentials are taken against the old maximum (each at most 2^kMaxLagLog2, well inside 16-bit range) and what was
+// accumulated needs no rescale, so key tiles where no row of a warp moved far skip the output rows' rescale (one FMUL
+// per output element and key tile). That pays where the output accumulator is largest (head dim 256); at smaller
+// head dims the warp vote and branch cost more than they save, and 0 keeps the exact form: every row moves to its
+// new maximum and the caller always rescales.
+template <int kRows, int kMaxLagLog2>
 struct OnlineSoftmax {
   float scale_log2;     // multiplies a raw score into log2 units
   float row_max[kRows];  // raw units; -inf while a row has seen no visible key
@@ -36,11 +42,23 @@ struct OnlineSoftmax {
     }
   }
 
-  // Turns `scores` into unnormalised probabilities against the updated row maxima and returns, per row, the factor
-  // that rescales what was accumulated against the old maxima (the output rows and row_sum).
+  // Turns `scores` into unnormalised probabilities against the (possibly moved) row maxima and adds them to row_sum.
+  // Returns whether the output rows need rescaling (always with kMaxLagLog2 == 0; otherwise only when the warp's
+  // maxima moved, the same answer in every lane), and then `rescale` holds the factor per row.
   template <class Scores>
-  __device__ __forceinline__ void update(Scores& scores, float (&rescale)[kRows]) {
+  __device__ __forceinline__ bool update(Scores& scores, float (&rescale)[kRows]) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    if constexpr (kMaxLagLog2 == 0) {
+      update_exact(scores, rescale);
+      return true;
+    } else {
+      return update_lagging(scores, rescale);
+    }
+  }
+
+ private:
+  template <class Scores>
+  __device__ __forceinline__ void update_exact(Scores& scores, float (&rescale)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float new_max = row_max[r];
@@ -61,6 +79,41 @@ struct OnlineSoftmax {
     }
   }
 
+  template <class Scores>
+  __device__ __forceinline__ bool update_lagging(Scores& scores, float (&rescale)[kRows]) {
+    float new_max[kRows];
+    bool rises = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      new_max[r] = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) new_max[r] = fmaxf(new_max[r], scores(r, c));
+      new_max[r] = quad_max(new_max[r]);
+      // From -inf (no visible key yet) any finite maximum rises; -inf to -inf (NaN) does not.
+      rises |= (new_max[r] - row_max[r]) * scale_log2 > float(kMaxLagLog2);
+    }
+    const bool moves = __any_sync(0xffffffffu, rises);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      if (moves) {
+        const float base = new_max[r] == -INFINITY ? 0.f : new_max[r] * scale_log2;
+        rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
+        row_max[r] = new_max[r];
+        row_sum[r] *= rescale[r];
+      }
+      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) {
+        scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
+        sum += scores(r, c);
+      }
+      row_sum[r] += sum;
+    }
+    return moves;
+  }
+
+ public:
   // 1 / sum per row (0 for a row that saw no key, so its output is 0) and the natural-log sum of exp.
   __device__ __forceinline__ void finish(float (&inverse_sum)[kRows], float (&lse)[kRows]) {
     CUTE_UNROLL

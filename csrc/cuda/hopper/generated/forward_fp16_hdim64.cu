@@ -6,8 +6,8 @@ namespace jax_flash::cuda_kernels::hopper {
 template <>
 cudaError_t launch_forward<cutlass::half_t, 64>(const AttentionForwardParams& params, void* workspace,
                                                   cudaStream_t stream) {
-  using Config = ForwardConfig<cutlass::half_t, 64, 128, 128, 2>;
-  using LongQueriesConfig = ForwardConfig<cutlass::half_t, 64, 192, 128, 2>;
+  using Config = ForwardConfig<cutlass::half_t, 64, 128, 128, 2, 0>;
+  using LongQueriesConfig = ForwardConfig<cutlass::half_t, 64, 192, 128, 2, 0>;
   if (params.shape.seqlen_q >= 2048 && !has_document_boundaries(params.tokens)) {
     return launch_forward_config<LongQueriesConfig>(params, workspace, stream);
   }

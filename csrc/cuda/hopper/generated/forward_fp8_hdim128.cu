@@ -5,7 +5,7 @@ namespace jax_flash::cuda_kernels::hopper {
 
 template <>
 cudaError_t launch_forward_fp8<128>(const AttentionForwardParams& params, void* workspace, cudaStream_t stream) {
-  using Config = ForwardConfig<cutlass::float_e4m3_t, 128, 128, 128, 2, cutlass::bfloat16_t>;
+  using Config = ForwardConfig<cutlass::float_e4m3_t, 128, 128, 128, 2, 0, cutlass::bfloat16_t>;
   return launch_forward_config<Config>(params, workspace, stream);
 }
 
