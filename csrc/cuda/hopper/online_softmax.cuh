@@ -61,21 +61,11 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update_exact(Scores& scores, float (&rescale)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float new_max = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) new_max = fmaxf(new_max, scores(r, c));
-      new_max = quad_max(new_max);
-      // A row with no visible key yet keeps every probability exp2(-inf) = 0 rather than NaN from -inf - -inf.
-      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      const float new_max = tile_max(scores, r);
+      const float base = log2_base(new_max);
       rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
       row_max[r] = new_max;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) {
-        scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
-        sum += scores(r, c);
-      }
-      row_sum[r] = row_sum[r] * rescale[r] + sum;
+      row_sum[r] = row_sum[r] * rescale[r] + exponentiate(scores, r, base);
     }
   }
 
@@ -85,10 +75,7 @@ struct OnlineSoftmax {
     bool rises = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      new_max[r] = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) new_max[r] = fmaxf(new_max[r], scores(r, c));
-      new_max[r] = quad_max(new_max[r]);
+      new_max[r] = tile_max(scores, r);
       // From -inf (no visible key yet) any finite maximum rises; -inf to -inf (NaN) does not.
       rises |= (new_max[r] - row_max[r]) * scale_log2 > float(kMaxLagLog2);
     }
@@ -96,21 +83,40 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       if (moves) {
-        const float base = new_max[r] == -INFINITY ? 0.f : new_max[r] * scale_log2;
+        const float base = log2_base(new_max[r]);
         rescale[r] = tensor_core::exp2_fast(row_max[r] * scale_log2 - base);
         row_max[r] = new_max[r];
         row_sum[r] *= rescale[r];
       }
-      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) {
-        scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
-        sum += scores(r, c);
-      }
-      row_sum[r] += sum;
+      const float base = log2_base(row_max[r]);
+      row_sum[r] += exponentiate(scores, r, base);
     }
     return moves;
+  }
+
+  // Row r's maximum over row_max and this tile, reduced over the row's quad.
+  template <class Scores>
+  __device__ __forceinline__ float tile_max(const Scores& scores, int r) const {
+    float new_max = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(scores); ++c) new_max = fmaxf(new_max, scores(r, c));
+    return quad_max(new_max);
+  }
+
+  // A maximum in log2 units. A row with no visible key yet keeps every probability exp2(-inf) = 0 rather than NaN
+  // from -inf - -inf.
+  __device__ __forceinline__ float log2_base(float max) const { return max == -INFINITY ? 0.f : max * scale_log2; }
+
+  // Row r's scores -> exp2(score * scale_log2 - base), in place; returns their sum.
+  template <class Scores>
+  __device__ __forceinline__ float exponentiate(Scores& scores, int r, float base) const {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(scores); ++c) {
+      scores(r, c) = tensor_core::exp2_fast(fmaf(scores(r, c), scale_log2, -base));
+      sum += scores(r, c);
+    }
+    return sum;
   }
 
  public:
