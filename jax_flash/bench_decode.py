@@ -209,13 +209,11 @@ def _compare_to_peers(records: list[dict], copy_gb_per_s: float | None = None) -
         shown.append(f"{timing} {ours[f'ratio_to_best_peer_{timing}']:.2f}x ({best['implementation']})")
     if shown:
         print(f"{'':32s}jax_flash vs the fastest peer: {'  '.join(shown)}", flush=True)
-    extra = [f"paged / contiguous time: " + "  ".join(f"{t} {ours[f'paged_over_contiguous_{t}']:.3f}"
-                                                      for t in TIMINGS)] if paged is not None else []
+    per_timing = lambda key: "  ".join(f"{t} {ours[f'{key}_{t}']:.3f}" for t in TIMINGS)  # noqa: E731
+    if paged is not None:
+        print(f"{'':32s}jax_flash paged / contiguous time: {per_timing('paged_over_contiguous')}", flush=True)
     if copy_gb_per_s:
-        extra.append("share of the copy bandwidth: " + "  ".join(f"{t} {ours[f'fraction_of_copy_{t}']:.3f}"
-                                                                 for t in TIMINGS))
-    for line in extra:
-        print(f"{'':32s}jax_flash {line}", flush=True)
+        print(f"{'':32s}jax_flash share of the copy bandwidth: {per_timing('fraction_of_copy')}", flush=True)
 
 
 def plot(records: list[dict], path: str) -> None:
