@@ -74,6 +74,9 @@ def _cases():
         cases.append(Case(113, 113, 4, 2, 64, dtype, softcap=5.0))
         cases.append(Case(17, 113, 4, 1, 128, dtype, is_causal=True, softcap=30.0))
         cases.append(Case(113, 17, 4, 2, 32, dtype, window=(8, 3), softcap=2.0))
+    # Rows carried by two or three keys: the backward's dP - delta cancels most of their digits, in float32 too.
+    for seq_k, head_dim in ((2, 96), (3, 128), (3, 256)):
+        cases.append(Case(64, seq_k, 4, 2, head_dim, "float32", scale=0.5))
     # Head dims that are not multiples of 8 (the CPU kernels take any size up to 256; CUDA ones skip them).
     cases.append(Case(113, 17, 4, 2, 36, "float32", is_causal=True))
     cases.append(Case(17, 113, 2, 1, 20, "bfloat16", window=(9, 9)))

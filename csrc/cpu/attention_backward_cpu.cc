@@ -22,27 +22,33 @@ using cpu::kQueryTile;
 
 struct BackwardScratch {
   explicit BackwardScratch(int64_t d)
-      : k(kKeyTile * d), k_t(d * kKeyTile), v_t(d * kKeyTile), dk(kKeyTile * d), dv(kKeyTile * d),
-        q(kQueryTile * d), dout(kQueryTile * d), s(kQueryTile * kKeyTile), dp(kQueryTile * kKeyTile),
-        transposed(kKeyTile * kQueryTile), row(d) {}
-  std::vector<float> k, k_t, v_t, dk, dv, q, dout, s, dp, transposed, row;
+      : k(kKeyTile * d), k_t(d * kKeyTile), dk(kKeyTile * d), dv(kKeyTile * d), q(kQueryTile * d),
+        dout(kQueryTile * d), s(kQueryTile * kKeyTile), ds(kQueryTile * kKeyTile), transposed(kKeyTile * kQueryTile),
+        row(d), v_t_wide(d * kKeyTile), dout_wide(kQueryTile * d), dp(kQueryTile * kKeyTile) {}
+  std::vector<float> k, k_t, dk, dv, q, dout, s, ds, transposed, row;
+  std::vector<double> v_t_wide, dout_wide, dp;
 };
 
-// delta[b, h, i] = sum_d dout * out: the softmax-gradient correction of row i. It and dP are summed by the unfused
-// GEMM, which rounds every element alike, so a row whose output is one value row (a single visible key: P = 1) gets
-// dP - delta = 0 and a zero dQ, as the exact gradient and XLA's autodiff do.
-void compute_delta(const AttentionBackwardParams& p, float* delta, const ParallelFor& parallel_for) {
+// delta[b, h, i] = sum_d dout * out: the softmax-gradient correction of row i. dS = P (dP - delta) subtracts two
+// sums that agree in most of their digits when a few keys carry the row, so both are summed in double (the
+// difference keeps float32's precision, as XLA's autodiff keeps it by summing P dP), by the same GEMM in the same
+// order, so a row whose output is one value row (a single visible key: P = 1) gets dP - delta = 0 and a zero dQ, as
+// the exact gradient and XLA's autodiff do.
+void compute_delta(const AttentionBackwardParams& p, double* delta, const ParallelFor& parallel_for) {
   const AttentionShape& sh = p.shape;
   const int64_t d = sh.head_dim;
   parallel_for(sh.batch * sh.seqlen_q, [&](int64_t bi) {
     std::vector<float> dout(d), out(d);
+    std::vector<double> dout_wide(d), out_wide(d);
     const int64_t b = bi / sh.seqlen_q, i = bi % sh.seqlen_q;
     for (int64_t h = 0; h < sh.heads_q; ++h) {
       const int64_t offset = ((b * sh.seqlen_q + i) * sh.heads_q + h) * d;
       cpu::load_floats(p.dtype, p.dout, offset, d, 1.f, dout.data());
       cpu::load_floats(p.dtype, p.out, offset, d, 1.f, out.data());
-      float sum = 0.f;
-      cpu::gemm_accumulate_unfused(&sum, 1, dout.data(), d, out.data(), 1, 1, 1, d);
+      std::copy(dout.begin(), dout.end(), dout_wide.begin());
+      std::copy(out.begin(), out.end(), out_wide.begin());
+      double sum = 0.0;
+      cpu::gemm_accumulate(&sum, 1, dout_wide.data(), d, out_wide.data(), 1, 1, 1, d);
       delta[(b * sh.heads_q + h) * sh.seqlen_q + i] = sum;
     }
   });
@@ -50,7 +56,7 @@ void compute_delta(const AttentionBackwardParams& p, float* delta, const Paralle
 
 // One key tile [j0, j0 + cols) of kv head hk against one query tile [i0, i0 + rows) of query head h. Unless
 // fully_visible, each element is tested: by `blocks` (the per-token inputs) when given, else by the window.
-void backward_block(const AttentionBackwardParams& p, const float* delta, int64_t b, int64_t h, int64_t i0,
+void backward_block(const AttentionBackwardParams& p, const double* delta, int64_t b, int64_t h, int64_t i0,
                     int64_t rows, int64_t j0, int64_t cols, bool fully_visible, const cpu::TokenBlocks* blocks,
                     BackwardScratch& t, float* dq_accum) {
   const AttentionShape& sh = p.shape;
@@ -60,6 +66,7 @@ void backward_block(const AttentionBackwardParams& p, const float* delta, int64_
     cpu::load_floats(p.dtype, p.q, offset, d, p.scale, &t.q[r * d]);
     cpu::load_floats(p.dtype, p.dout, offset, d, 1.f, &t.dout[r * d]);
   }
+  std::copy(t.dout.begin(), t.dout.begin() + rows * d, t.dout_wide.begin());
   // S = (scale Q) K^T, then P = exp(capped(S) - lse), zero where masked.
   std::fill(t.s.begin(), t.s.begin() + rows * kKeyTile, 0.f);
   cpu::gemm_accumulate(t.s.data(), kKeyTile, t.q.data(), d, t.k_t.data(), kKeyTile, rows, cols, d);
@@ -80,25 +87,25 @@ void backward_block(const AttentionBackwardParams& p, const float* delta, int64_
   // dV += P^T dO
   cpu::transpose(t.s.data(), kKeyTile, rows, cols, t.transposed.data(), kQueryTile);
   cpu::gemm_accumulate(t.dv.data(), d, t.transposed.data(), kQueryTile, t.dout.data(), d, cols, d, rows);
-  // dP = dO V^T, then dS = P (dP - delta) scaled by the soft-cap slope, written over dP.
-  std::fill(t.dp.begin(), t.dp.begin() + rows * kKeyTile, 0.f);
-  cpu::gemm_accumulate_unfused(t.dp.data(), kKeyTile, t.dout.data(), d, t.v_t.data(), kKeyTile, rows, cols, d);
-  const float* row_delta = delta + (b * sh.heads_q + h) * sh.seqlen_q + i0;
+  // dP = dO V^T (double), then dS = P (dP - delta) scaled by the soft-cap slope.
+  std::fill(t.dp.begin(), t.dp.begin() + rows * kKeyTile, 0.0);
+  cpu::gemm_accumulate(t.dp.data(), kKeyTile, t.dout_wide.data(), d, t.v_t_wide.data(), kKeyTile, rows, cols, d);
+  const double* row_delta = delta + (b * sh.heads_q + h) * sh.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r) {
-    float* dp = &t.dp[r * kKeyTile];
+    const double* dp = &t.dp[r * kKeyTile];
     const float* prob = &t.s[r * kKeyTile];
+    float* ds = &t.ds[r * kKeyTile];
     for (int64_t c = 0; c < cols; ++c) {
-      const float ds = prob[c] * (dp[c] - row_delta[r]);
+      ds[c] = prob[c] * float(dp[c] - row_delta[r]);
       // The slope needs the capped logit, which is lse + log(p); only computed when a cap is set.
-      dp[c] = p.mask.softcap > 0.f && prob[c] > 0.f
-                  ? ds * capped_logit_slope(lse[r] + std::log(prob[c]), p.mask.softcap)
-                  : ds;
+      if (p.mask.softcap > 0.f && prob[c] > 0.f)
+        ds[c] *= capped_logit_slope(lse[r] + std::log(prob[c]), p.mask.softcap);
     }
   }
   // dK += dS^T (scale Q); dQ (before the final scale) += dS K.
-  cpu::transpose(t.dp.data(), kKeyTile, rows, cols, t.transposed.data(), kQueryTile);
+  cpu::transpose(t.ds.data(), kKeyTile, rows, cols, t.transposed.data(), kQueryTile);
   cpu::gemm_accumulate(t.dk.data(), d, t.transposed.data(), kQueryTile, t.q.data(), d, cols, d, rows);
-  cpu::gemm_accumulate(dq_accum + ((b * sh.seqlen_q + i0) * sh.heads_q + h) * d, sh.heads_q * d, t.dp.data(),
+  cpu::gemm_accumulate(dq_accum + ((b * sh.seqlen_q + i0) * sh.heads_q + h) * d, sh.heads_q * d, t.ds.data(),
                        kKeyTile, t.k.data(), d, rows, d, cols);
 }
 
@@ -111,7 +118,7 @@ void attention_backward_cpu(const AttentionBackwardParams& p, int64_t num_thread
 
   std::optional<cpu::TokenBlocks> blocks;
   if (p.tokens.any()) blocks.emplace(sh, p.mask, p.tokens);
-  std::vector<float> delta(sh.batch * sh.heads_q * sh.seqlen_q);
+  std::vector<double> delta(sh.batch * sh.heads_q * sh.seqlen_q);
   compute_delta(p, delta.data(), parallel_for);
 
   // Enough key chunks to give every thread about two tasks; each chunk has a private dQ accumulator.
@@ -134,7 +141,7 @@ void attention_backward_cpu(const AttentionBackwardParams& p, int64_t num_thread
         cpu::load_floats(p.dtype, p.v, offset, d, 1.f, t.row.data());
         for (int64_t x = 0; x < d; ++x) {
           t.k_t[x * kKeyTile + c] = t.k[c * d + x];
-          t.v_t[x * kKeyTile + c] = t.row[x];
+          t.v_t_wide[x * kKeyTile + c] = t.row[x];
         }
       }
       std::fill(t.dk.begin(), t.dk.end(), 0.f);

@@ -11,65 +11,67 @@
 #define JAX_FLASH_MULTIVERSION
 #endif
 
-// Rounds a*b + c twice. GCC (default -ffp-contract=fast) fuses such a product and sum into one FMA in some of
-// gemm_rows' loops and not in others; Clang contracts only within one expression, which every path writes alike.
-#if defined(__GNUC__) && !defined(__clang__)
-#define JAX_FLASH_NO_FMA __attribute__((optimize("fp-contract=off")))
-#else
-#define JAX_FLASH_NO_FMA
-#endif
-
 namespace jax_flash::cpu {
 namespace {
 
-// Eight floats; the compiler maps it to one AVX register, or two SSE registers on the baseline level.
-typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+// One 32-byte register of T (eight floats or four doubles); the compiler maps it to one AVX register, or two SSE
+// registers on the baseline level.
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(32), aligned(alignof(T))));
+  static constexpr int kLanes = 32 / sizeof(T);
+};
 
-__attribute__((always_inline)) inline Vec8 load8(const float* p) {
-  Vec8 v;
+template <typename T>
+__attribute__((always_inline)) inline typename Vec<T>::type load(const T* p) {
+  typename Vec<T>::type v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-__attribute__((always_inline)) inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+template <typename T>
+__attribute__((always_inline)) inline void store(T* p, typename Vec<T>::type v) { std::memcpy(p, &v, sizeof v); }
 
-// Accumulates ROWS rows of C over the columns [0, n): 16 columns at a time in registers, then 8, then scalars.
-// Always inlined so it is compiled inside each multiversioned caller with that caller's instruction set.
-template <int ROWS>
-__attribute__((always_inline)) inline void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
-                      int64_t k) {
+// Accumulates ROWS rows of C over the columns [0, n): two registers of columns at a time, then one, then scalars;
+// each element sums its k products in order. Always inlined so it is compiled inside each multiversioned caller
+// with that caller's instruction set.
+template <int ROWS, typename T>
+__attribute__((always_inline)) inline void gemm_rows(T* c, int64_t ldc, const T* a, int64_t lda, const T* b,
+                                                     int64_t ldb, int64_t n, int64_t k) {
+  using V = typename Vec<T>::type;
+  constexpr int kLanes = Vec<T>::kLanes;
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    Vec8 acc[ROWS][2];
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    V acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) {
-      acc[r][0] = load8(c + r * ldc + j);
-      acc[r][1] = load8(c + r * ldc + j + 8);
+      acc[r][0] = load(c + r * ldc + j);
+      acc[r][1] = load(c + r * ldc + j + kLanes);
     }
     for (int64_t p = 0; p < k; ++p) {
-      Vec8 b0 = load8(b + p * ldb + j), b1 = load8(b + p * ldb + j + 8);
+      V b0 = load(b + p * ldb + j), b1 = load(b + p * ldb + j + kLanes);
       for (int r = 0; r < ROWS; ++r) {
-        float x = a[r * lda + p];
+        T x = a[r * lda + p];
         acc[r][0] += x * b0;
         acc[r][1] += x * b1;
       }
     }
     for (int r = 0; r < ROWS; ++r) {
-      store8(c + r * ldc + j, acc[r][0]);
-      store8(c + r * ldc + j + 8, acc[r][1]);
+      store(c + r * ldc + j, acc[r][0]);
+      store(c + r * ldc + j + kLanes, acc[r][1]);
     }
   }
-  for (; j + 8 <= n; j += 8) {
-    Vec8 acc[ROWS];
-    for (int r = 0; r < ROWS; ++r) acc[r] = load8(c + r * ldc + j);
+  for (; j + kLanes <= n; j += kLanes) {
+    V acc[ROWS];
+    for (int r = 0; r < ROWS; ++r) acc[r] = load(c + r * ldc + j);
     for (int64_t p = 0; p < k; ++p) {
-      Vec8 b0 = load8(b + p * ldb + j);
+      V b0 = load(b + p * ldb + j);
       for (int r = 0; r < ROWS; ++r) acc[r] += a[r * lda + p] * b0;
     }
-    for (int r = 0; r < ROWS; ++r) store8(c + r * ldc + j, acc[r]);
+    for (int r = 0; r < ROWS; ++r) store(c + r * ldc + j, acc[r]);
   }
   for (; j < n; ++j) {
     for (int r = 0; r < ROWS; ++r) {
-      float sum = c[r * ldc + j];
+      T sum = c[r * ldc + j];
       for (int64_t p = 0; p < k; ++p) sum += a[r * lda + p] * b[p * ldb + j];
       c[r * ldc + j] = sum;
     }
@@ -98,10 +100,10 @@ __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   return er * scale;
 }
 
-// Six rows x 16 columns keeps 12 accumulators plus operands inside the 16 AVX registers.
-__attribute__((always_inline)) inline void gemm_row_blocks(float* c, int64_t ldc, const float* a, int64_t lda,
-                                                           const float* b, int64_t ldb, int64_t m, int64_t n,
-                                                           int64_t k) {
+// Six rows x two registers keeps 12 accumulators plus operands inside the 16 AVX registers.
+template <typename T>
+__attribute__((always_inline)) inline void gemm_row_blocks(T* c, int64_t ldc, const T* a, int64_t lda, const T* b,
+                                                           int64_t ldb, int64_t m, int64_t n, int64_t k) {
   int64_t i = 0;
   for (; i + 6 <= m; i += 6) gemm_rows<6>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
   for (; i + 2 <= m; i += 2) gemm_rows<2>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, n, k);
@@ -116,9 +118,9 @@ void gemm_accumulate(float* c, int64_t ldc, const float* a, int64_t lda, const f
   gemm_row_blocks(c, ldc, a, lda, b, ldb, m, n, k);
 }
 
-JAX_FLASH_MULTIVERSION JAX_FLASH_NO_FMA
-void gemm_accumulate_unfused(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb,
-                             int64_t m, int64_t n, int64_t k) {
+JAX_FLASH_MULTIVERSION
+void gemm_accumulate(double* c, int64_t ldc, const double* a, int64_t lda, const double* b, int64_t ldb, int64_t m,
+                     int64_t n, int64_t k) {
   gemm_row_blocks(c, ldc, a, lda, b, ldb, m, n, k);
 }
 
@@ -126,9 +128,9 @@ JAX_FLASH_MULTIVERSION
 float exp_shifted_sum(float* x, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] == -INFINITY ? 0.f : exp_nonpositive(x[i] - shift);
   // Eight running sums instead of one so the reduction vectorizes without reassociation flags.
-  Vec8 partial = {};
+  Vec<float>::type partial = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) partial += load8(x + i);
+  for (; i + 8 <= n; i += 8) partial += load(x + i);
   float sum = 0.f;
   for (int lane = 0; lane < 8; ++lane) sum += partial[lane];
   for (; i < n; ++i) sum += x[i];
