@@ -34,17 +34,19 @@ struct ScoreGradient {
   float dlogit;
 };
 
+// dout_v and row_delta come summed in double, in the same order: their difference cancels most of their digits
+// where a few keys carry the row, and is exactly 0 where one key does (out_i = v_j).
 __device__ __forceinline__ ScoreGradient score_gradient(const AttentionBackwardParams& params, bool visible,
-                                                        float row_lse, float row_delta, float qk, float dout_v) {
+                                                        float row_lse, double row_delta, float qk, double dout_v) {
   if (!visible || row_lse == -INFINITY) return {0.f, 0.f};
   const float capped = capped_logit(params.scale * qk, params.mask.softcap);
   const float prob = expf(capped - row_lse);
-  return {prob, prob * (dout_v - row_delta) * capped_logit_slope(capped, params.mask.softcap)};
+  return {prob, prob * static_cast<float>(dout_v - row_delta) * capped_logit_slope(capped, params.mask.softcap)};
 }
 
 template <typename Element, int kMaxHeadDim>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
-    attention_backward_dkdv_kernel(AttentionBackwardParams params, const float* delta) {
+    attention_backward_dkdv_kernel(AttentionBackwardParams params, const double* delta) {
   constexpr int kDims = kDimsPerLane<kMaxHeadDim>;
   constexpr int kTile = kTileRows<kMaxHeadDim>;
   __shared__ __align__(16) float q_tile[kTile * kMaxHeadDim];
@@ -88,12 +90,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 
       // Lane t handles query tile_begin + t.
       const float qk = dot_with_tile_rows<kTile>(k, q_tile, head_dim);
-      const float dout_v = dot_with_tile_rows<kTile>(v, dout_tile, head_dim);
+      const double dout_v = dot_with_tile_rows<kTile, double>(v, dout_tile, head_dim);
       const int64_t query = tile_begin + lane;
       const bool visible =
           lane < kTile && query < query_end && token_visible(mask, params.tokens, shape, block.batch, query, key);
       float row_lse = -INFINITY;
-      float row_delta = 0.f;
+      double row_delta = 0.0;
       if (visible) {
         const int64_t stat = stat_index(shape, block.batch, head, query);
         row_lse = params.lse[stat];
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 
 template <typename Element, int kMaxHeadDim>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
-    attention_backward_dq_kernel(AttentionBackwardParams params, const float* delta) {
+    attention_backward_dq_kernel(AttentionBackwardParams params, const double* delta) {
   constexpr int kDims = kDimsPerLane<kMaxHeadDim>;
   constexpr int kTile = kTileRows<kMaxHeadDim>;
   __shared__ __align__(16) float k_tile[kTile * kMaxHeadDim];
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   float q[kDims] = {};
   float dout[kDims] = {};
   float row_lse = -INFINITY;
-  float row_delta = 0.f;
+  double row_delta = 0.0;
   if (owns_query) {
     const int64_t offset = q_layout.row(block.batch, query, block.head);
     load_lane_row(static_cast<const Element*>(params.q) + offset, head_dim, q);
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 
     // Lane t handles key tile_begin + t.
     const float qk = dot_with_tile_rows<kTile>(q, k_tile, head_dim);
-    const float dout_v = dot_with_tile_rows<kTile>(dout, v_tile, head_dim);
+    const double dout_v = dot_with_tile_rows<kTile, double>(dout, v_tile, head_dim);
     const int64_t key = tile_begin + lane;
     const bool visible =
         lane < kTile && key < key_end && token_visible(mask, params.tokens, shape, block.batch, query, key);
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 
 cudaError_t attention_backward_simple(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {
   const AttentionShape& shape = params.shape;
-  auto* delta = static_cast<float*>(workspace);
+  auto* delta = static_cast<double*>(workspace);
   // Stream order makes delta complete before the gradient kernels read it.
   if (const cudaError_t error = launch_backward_delta(params, delta, stream); error != cudaSuccess) return error;
   const int64_t dkdv_blocks = shape.batch * shape.heads_kv * blocks_covering(shape.seqlen_k);

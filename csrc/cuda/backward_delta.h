@@ -1,5 +1,7 @@
 // The softmax-backward term every backward shares: delta_i = dout_i . out_i, for every (batch, head, query row),
-// written as float32 [batch, heads_q, seqlen_q] into a buffer the caller provides (the backward workspace).
+// written as [batch, heads_q, seqlen_q] into a buffer the caller provides (the backward workspace): in float32 for
+// the tensor-core kernels, in double for the simple kernels, which subtract it from a dout . v summed in double in
+// the same order (dP - delta cancels most digits where a few keys carry a row).
 #pragma once
 
 #include <cstddef>
@@ -10,8 +12,10 @@
 
 namespace jax_flash::cuda_kernels {
 
+// Enough for either width.
 size_t backward_delta_bytes(const AttentionShape& shape);
 
 cudaError_t launch_backward_delta(const AttentionBackwardParams& params, float* delta, cudaStream_t stream);
+cudaError_t launch_backward_delta(const AttentionBackwardParams& params, double* delta, cudaStream_t stream);
 
 }  // namespace jax_flash::cuda_kernels

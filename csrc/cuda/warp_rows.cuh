@@ -23,7 +23,8 @@ constexpr int kDimsPerLane = kMaxHeadDim / kWarpSize;
 template <int kMaxHeadDim>
 constexpr int kTileRows = kMaxHeadDim <= 128 ? 32 : 16;
 
-__device__ __forceinline__ float warp_sum(float x) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullWarp, x, offset);
   return x;
@@ -67,14 +68,16 @@ __device__ __forceinline__ void store_lane_row(Element* row, int head_dim, const
   }
 }
 
-// This lane's share of dot(row held by the warp, tile_row); warp_sum of it is the full dot product.
-template <int kDims>
-__device__ __forceinline__ float lane_dot(const float (&dims)[kDims], const float* tile_row, int head_dim) {
-  float partial = 0.f;
+// This lane's share of dot(row held by the warp, tile_row), summed in Accum; warp_sum of it is the full dot
+// product. In double, each product of two floats is exact, so the result depends only on the operands and this
+// fixed order of summation.
+template <typename Accum, int kDims>
+__device__ __forceinline__ Accum lane_dot(const float (&dims)[kDims], const float* tile_row, int head_dim) {
+  Accum partial = 0;
 #pragma unroll
   for (int slot = 0; slot < kDims; ++slot) {
     const int d = slot * kWarpSize + lane_id();
-    if (d < head_dim) partial += dims[slot] * tile_row[d];
+    if (d < head_dim) partial += Accum(dims[slot]) * Accum(tile_row[d]);
   }
   return partial;
 }
@@ -89,15 +92,15 @@ __device__ __forceinline__ void lane_axpy(float (&dims)[kDims], float weight, co
   }
 }
 
-// Dot products of the warp's row with each row of a tile, handed out transposed: lane t returns the one with tile
-// row t (lanes past kRows return 0).
-template <int kRows, int kDims>
-__device__ __forceinline__ float dot_with_tile_rows(const float (&dims)[kDims], const float* tile, int head_dim) {
-  float mine = 0.f;
+// Dot products of the warp's row with each row of a tile, summed in Accum and handed out transposed: lane t returns
+// the one with tile row t (lanes past kRows return 0).
+template <int kRows, typename Accum = float, int kDims>
+__device__ __forceinline__ Accum dot_with_tile_rows(const float (&dims)[kDims], const float* tile, int head_dim) {
+  Accum mine = 0;
   // Unrolled only partly, here and below: a full unroll keeps too many tile values in registers at once.
 #pragma unroll 4
   for (int t = 0; t < kRows; ++t) {
-    const float dot = warp_sum(lane_dot(dims, tile + t * head_dim, head_dim));
+    const Accum dot = warp_sum(lane_dot<Accum>(dims, tile + t * head_dim, head_dim));
     if (lane_id() == t) mine = dot;
   }
   return mine;
