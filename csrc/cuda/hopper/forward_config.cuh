@@ -64,7 +64,7 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
 
   using SmemLayoutQ = decltype(take<0, 2>(SwizzledTiles<Element, kBlockM, kHeadDim, 1>{}));
   using SmemLayoutK = SwizzledTiles<Element, kBlockN, kHeadDim, kStages>;
-  using SmemLayoutV = conditional_t<kFp8, SwizzledTiles<Element, kHeadDim, kBlockN, kStages>, SmemLayoutK>;
+  using SmemLayoutV = SwizzledTiles<Element, kFp8 ? kHeadDim : kBlockN, kFp8 ? kBlockN : kHeadDim, kStages>;
   // For P @ V: (head_dim, keys, stages) as the B operand, N-major for 16-bit v, K-major for the transposed FP8 one.
   using SmemLayoutVt = decltype(value_operand_layout<kFp8, SmemLayoutV, kBlockN, kHeadDim, kStages>());
   static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;

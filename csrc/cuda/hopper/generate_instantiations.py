@@ -39,7 +39,7 @@ FORWARD_TILES = {
     128: ForwardTiles(128, 128, 2),
     # A lagging maximum skips most key tiles' rescale of the 256-column output rows: +1-8% on an H100 at 1k and 4k;
     # at head dims 64 and 128 its warp vote cost 1-7%.
-    256: ForwardTiles(128, 64, 2, max_lag_log2=8),
+    256: ForwardTiles(128, 80, 2, max_lag_log2=8),
 }
 
 # Tiles that replace FORWARD_TILES' for calls with at least LONG_QUERIES query rows and no document boundaries among

@@ -6,7 +6,7 @@ namespace jax_flash::cuda_kernels::hopper {
 template <>
 cudaError_t launch_forward<cutlass::bfloat16_t, 256>(const AttentionForwardParams& params, void* workspace,
                                                   cudaStream_t stream) {
-  using Config = ForwardConfig<cutlass::bfloat16_t, 256, 128, 64, 2, 8>;
+  using Config = ForwardConfig<cutlass::bfloat16_t, 256, 128, 80, 2, 8>;
   return launch_forward_config<Config>(params, workspace, stream);
 }
 
