@@ -38,7 +38,8 @@ FORWARD_TILES = {
     64: ForwardTiles(128, 128, 2),
     128: ForwardTiles(128, 128, 2),
     # A lagging maximum skips most key tiles' rescale of the 256-column output rows: +1-8% on an H100 at 1k and 4k;
-    # at head dims 64 and 128 its warp vote cost 1-7%.
+    # at head dims 64 and 128 its warp vote cost 1-7%. 80 keys per stage (FlashAttention-3's tile) rather than 64:
+    # +4% at 4k and +7-9% at 16k on an H100, within 1% at 1k.
     256: ForwardTiles(128, 80, 2, max_lag_log2=8),
 }
 
