@@ -31,6 +31,7 @@ struct Partials {
 struct LaunchShape {
   int passes;  // passes of packed rows per kv head (group)
   bool heads_fastest;
+  bool cluster_combine;  // the splits of a (sequence, kv head, pass) are one cluster, which combines their partials
 };
 
 // What one block owns, from its grid position.
@@ -114,6 +115,27 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() {
 #endif
 }
 
+// Thread-block clusters (sm_90): a barrier over every thread of the cluster (release/acquire, so shared-memory
+// writes before it are visible to every block of the cluster after it), and a load from block `rank`'s shared
+// memory at the address `local` has in this block's. Only launched on devices and builds of sm_90 or newer
+// (launch_decode checks both), so the older architectures' bodies are never run.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float load_cluster_shared(const float* local, unsigned rank) {
+  float x = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t remote = 0;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
+#endif
+  return x;
+}
+
 // Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
 // state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. The whole block takes part.
 template <typename Element, int kStates, int kRows, int kWidth>
@@ -150,6 +172,60 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
       if (col == 0) parts.lse[split * rows_out + target] = lse2;
     }
   }
+}
+
+// The end of a block whose split's partners are the other blocks of its cluster (one cluster per (sequence, kv head,
+// pass), block rank = split): the combine without a second kernel or a round trip of the partials through global
+// memory. Each block merges its warps' states in place (row r's normalised output over state slot 0, its base-2 lse
+// into split_lse[r]); after a cluster barrier, block c writes every splits-th group of blockDim.x output elements,
+// weighing the splits' partials read from their shared memory, in split order (deterministic) and with
+// decode_combine_kernel's rules for empty rows and NaN; a second barrier keeps every block's shared memory alive
+// until the others have read it.
+template <typename Element, int kStates, int kRows, int kWidth>
+__device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockIndex& block, int rows,
+                                             const float* state_max, const float* state_sum, float* state_o,
+                                             float* split_lse) {
+  const int64_t b = block.b, hk = block.hk;
+  const int d = static_cast<int>(p.cache.head_dim), splits = block.splits;
+  for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
+    const int r = index / kWidth, col = index % kWidth;
+    if (col >= d) continue;
+    float max_all = -INFINITY;
+    for (int s = 0; s < kStates; ++s) max_all = fmaxf(max_all, state_max[s * kRows + r]);
+    const float shift = max_all == -INFINITY ? 0.f : max_all;
+    float sum = 0.f, acc = 0.f;
+    for (int s = 0; s < kStates; ++s) {  // this thread alone reads column col of row r, so it may overwrite slot 0
+      const float weight = exp2f(state_max[s * kRows + r] - shift);
+      sum = fmaf(state_sum[s * kRows + r], weight, sum);
+      acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
+    }
+    state_o[r * kWidth + col] = sum == 0.f ? 0.f : acc / sum;
+    if (col == 0) split_lse[r] = sum == 0.f ? -INFINITY : max_all + log2f(sum);
+  }
+  cluster_barrier();
+  const int group = static_cast<int>(p.group());
+  for (int index = block.split * blockDim.x + threadIdx.x; index < rows * d; index += splits * blockDim.x) {
+    const int r = index / d, col = index % d;
+    float max_all = -INFINITY;
+    for (int s = 0; s < splits; ++s) {
+      const float lse = load_cluster_shared(split_lse + r, s);
+      max_all = isnan(max_all) || isnan(lse) ? NAN : fmaxf(max_all, lse);
+    }
+    const float shift = max_all == -INFINITY ? 0.f : max_all;
+    float total = 0.f, acc = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float weight = exp2f(load_cluster_shared(split_lse + r, s) - shift);
+      if (weight == 0.f) continue;  // an empty split (or one far below the max): its partial need not be read
+      total += weight;
+      acc = fmaf(weight, load_cluster_shared(state_o + r * kWidth + col, s), acc);
+    }
+    const int row = block.row0 + r;
+    store_float(total == 0.f ? 0.f : acc / total, static_cast<Element*>(p.out) + out_row(p, b, hk, row) * d + col);
+    if (col == 0)
+      p.lse[(b * p.heads_q + hk * group + row % group) * p.q_len + row / group] =
+          total == 0.f ? -INFINITY : (max_all + log2f(total)) * kLn2;
+  }
+  cluster_barrier();
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

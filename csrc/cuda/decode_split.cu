@@ -6,7 +6,9 @@
 //   every new position, so each K/V row is read once for all of them.
 // * When batch x kv_heads x passes cannot fill the GPU in whole waves, the key range is split across blocks; the
 //   split count comes from the SM count, the kernel's blocks per SM and the cache capacity. Each split writes a
-//   normalised partial output and its lse, and a combine kernel merges them. With one split the output is direct.
+//   normalised partial output and its lse, and a combine kernel merges them; on sm_90 the fp16/bf16 kernel's splits
+//   of one item run as a thread-block cluster instead and merge through shared memory, with no second kernel. With
+//   one split the output is direct.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -26,13 +28,17 @@ constexpr int64_t kMinKeysPerSplit = 256;  // below this the pipeline fill and t
 // Fewer splits are preferred while their wave efficiency is within this factor of the best split count's.
 constexpr double kWaveTolerance = 0.95;
 constexpr int kMaxDevices = 64;
+// The most blocks per cluster: 8 is portable, sm_90 allows 16 on request (cudaFuncAttributeNonPortableClusterSizeAllowed).
+constexpr int kMaxClusterSplits = 16;
 
 cudaError_t current_device(int* device) { return cudaGetDevice(device); }
 
 cudaError_t sm_count(int* count) { return device_attribute<cudaDevAttrMultiProcessorCount>(count); }
 
-// A split kernel instance with what planning and launching need to know about it.
-template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, typename Kernel>
+// A split kernel instance with what planning and launching need to know about it. kClusterable: the kernel can
+// combine its splits within a cluster (LaunchShape::cluster_combine).
+template <typename ElementT, int kRowsPerPass, int kThreadsPerBlock, size_t kSharedBytes, bool kClusterable,
+          typename Kernel>
 struct Instance {
   using Element = ElementT;
   static constexpr int kRows = kRowsPerPass;
@@ -63,14 +69,68 @@ struct Instance {
   // Blocks per (split, sequence): one per pass of each kv head.
   static int64_t head_passes(const DecodeParams& p) { return p.cache.heads_kv * passes(p); }
 
-  static void launch(const DecodeParams& p, int64_t splits, const DecodeTuning& tuning, Partials parts,
-                     cudaStream_t stream) {
-    const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest};
+  // The launch configuration; with `clustered`, each item's `splits` blocks form one cluster (along the grid
+  // dimension of the splits, so a block's cluster rank is its split). `attribute` is the cluster's storage.
+  static cudaLaunchConfig_t config(const DecodeParams& p, int64_t splits, bool heads_fastest, bool clustered,
+                                   cudaLaunchAttribute* attribute, cudaStream_t stream) {
     const unsigned split_blocks = static_cast<unsigned>(splits);
     const unsigned head_blocks = static_cast<unsigned>(head_passes(p));
-    const dim3 grid(shape.heads_fastest ? head_blocks : split_blocks, shape.heads_fastest ? split_blocks : head_blocks,
-                    static_cast<unsigned>(p.batch));
-    Kernel::function<<<grid, kThreads, kShared, stream>>>(p, shape, parts);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(heads_fastest ? head_blocks : split_blocks, heads_fastest ? split_blocks : head_blocks,
+                          static_cast<unsigned>(p.batch));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kShared;
+    config.stream = stream;
+    attribute->id = cudaLaunchAttributeClusterDimension;
+    attribute->val.clusterDim.x = heads_fastest ? 1 : split_blocks;
+    attribute->val.clusterDim.y = heads_fastest ? split_blocks : 1;
+    attribute->val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = clustered ? 1 : 0;
+    return config;
+  }
+
+  // Whether clusters of `splits` blocks keep as many blocks resident as plain blocks would (`resident` of them), on
+  // this device and from this build: the code must be sm_90's (an older architecture's PTX compiled on the fly has
+  // no cluster instructions). Asked once per device and split count.
+  static cudaError_t clusters_fit(const DecodeParams& p, int64_t splits, bool heads_fastest, int64_t resident,
+                                  bool* fit) {
+    static std::atomic<int> cached[kMaxDevices][kMaxClusterSplits + 1] = {};  // 0 unknown, 1 no, 2 + clusters
+    *fit = false;
+    if (splits < 2 || splits > kMaxClusterSplits || !kClusterable) return cudaSuccess;
+    int device = 0;
+    if (cudaError_t status = current_device(&device); status != cudaSuccess) return status;
+    int known = device < kMaxDevices ? cached[device][splits].load(std::memory_order_relaxed) : 0;
+    if (known == 0) {
+      cudaFuncAttributes attributes{};
+      if (cudaError_t status = cudaFuncGetAttributes(&attributes, Kernel::function); status != cudaSuccess)
+        return status;
+      int clusters = 0;
+      if (attributes.ptxVersion >= 90) {
+        if (cudaError_t status =
+                cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            status != cudaSuccess)
+          return status;
+        cudaLaunchAttribute attribute{};
+        const cudaLaunchConfig_t launch = config(p, splits, heads_fastest, true, &attribute, nullptr);
+        if (cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, Kernel::function, &launch);
+            status != cudaSuccess)
+          return status;
+      }
+      known = 1 + clusters;
+      if (device < kMaxDevices) cached[device][splits].store(known, std::memory_order_relaxed);
+    }
+    *fit = int64_t{known - 1} * splits >= resident;
+    return cudaSuccess;
+  }
+
+  static cudaError_t launch(const DecodeParams& p, int64_t splits, const DecodeTuning& tuning, Partials parts,
+                            cudaStream_t stream) {
+    const LaunchShape shape{static_cast<int>(passes(p)), tuning.heads_fastest, tuning.cluster_combine};
+    cudaLaunchAttribute attribute{};
+    const cudaLaunchConfig_t launch =
+        config(p, splits, tuning.heads_fastest, tuning.cluster_combine, &attribute, stream);
+    return cudaLaunchKernelEx(&launch, Kernel::function, p, shape, parts);
   }
 };
 
@@ -80,7 +140,7 @@ struct RowsFunction {
 };
 
 template <typename Element, int kWidth, int kWarps, int kStages>
-using Rows = Instance<Element, kMmaRows, kWarps * 32, RowsKernel<Element, kWidth, kWarps, kStages>::kSharedBytes,
+using Rows = Instance<Element, kMmaRows, kWarps * 32, RowsKernel<Element, kWidth, kWarps, kStages>::kSharedBytes, true,
                       RowsFunction<Element, kWidth, kWarps, kStages>>;
 
 template <int kLanes, int kChunks, int kRows>
@@ -89,7 +149,7 @@ struct SimtFunction {
 };
 
 template <int kLanes, int kChunks, int kRows>
-using Simt = Instance<float, kRows, kSimtThreads, 0, SimtFunction<kLanes, kChunks, kRows>>;
+using Simt = Instance<float, kRows, kSimtThreads, 0, false, SimtFunction<kLanes, kChunks, kRows>>;
 
 // Calls visit(Instance{}) with the rows kernel of `kernel`'s shape at kWidth, the head dims up to which it stages
 // rows (64, 128 or 256; narrower head dims zero-fill the columns past them). The shapes keep 2 or 3 tiles per warp
@@ -183,6 +243,8 @@ cudaError_t plan_decode(const DecodeParams& p, size_t workspace_limit, DecodePla
       status != cudaSuccess)
     return status;
   tuning.overlap_combine = tuning.overlap_combine && major >= 9;
+  // Clusters exist from sm_90 on; JAX_FLASH_KERNELS=sm80 keeps the combine kernel, so it stays testable on Hopper.
+  tuning.cluster_combine = tuning.cluster_combine && major >= 9 && cuda_kernels::hopper_kernels_allowed();
   for (DecodeKernel kernel : {tuning.kernel, DecodeKernel::kRows2, DecodeKernel::kNarrow}) {  // narrow: <= 70 KiB
     tuning.kernel = kernel;
     bool fit = false;
@@ -220,7 +282,20 @@ cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning,
     const int64_t fitting =
         static_cast<int64_t>(std::min<size_t>(workspace_limit / std::max<size_t>(split_bytes, 1), kMaxSplits));
     plan->splits = choose_splits(items, slots, std::clamp<int64_t>(std::min(useful, fitting), 1, kMaxSplits));
-    plan->workspace_bytes = plan->splits == 1 ? 0 : split_bytes * static_cast<size_t>(plan->splits);
+    // Clusters need no workspace, so their split count is the one the workspace would not cap; they are used when
+    // that count fits a cluster and the clusters fill as many block slots as plain blocks would.
+    const int64_t preferred = choose_splits(items, slots, std::clamp<int64_t>(useful, 1, kMaxSplits));
+    bool clustered = false;
+    if (tuning.cluster_combine && preferred <= kMaxClusterSplits) {
+      if (cudaError_t status = Kernel::clusters_fit(p, preferred, tuning.heads_fastest,
+                                                    std::min(items * preferred, slots), &clustered);
+          status != cudaSuccess)
+        return status;
+    }
+    plan->tuning.cluster_combine = clustered;
+    if (clustered) plan->splits = preferred;
+    plan->workspace_bytes =
+        plan->splits == 1 || plan->tuning.cluster_combine ? 0 : split_bytes * static_cast<size_t>(plan->splits);
     return cudaSuccess;
   });
 }
@@ -231,9 +306,10 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
   const bool supported = p.cache.head_dim % 8 == 0 && p.cache.head_dim <= 256 && p.heads_q % p.cache.heads_kv == 0 &&
                          p.batch <= 65535 && p.cache.capacity() < (int64_t{1} << 30) &&
                          (p.cache.pages_per_seq == 1 || p.cache.page_size % kKeyAlign == 0) && plan.splits >= 1 &&
-                         plan.splits <= kMaxSplits;
+                         plan.splits <= (plan.tuning.cluster_combine ? kMaxClusterSplits : kMaxSplits);
   const bool aligned = aligned_16(p.q) && aligned_16(p.k) && aligned_16(p.v);
-  if (!supported || !aligned || (plan.splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
+  const bool partials = plan.splits > 1 && !plan.tuning.cluster_combine;
+  if (!supported || !aligned || (partials && workspace == nullptr)) return cudaErrorInvalidValue;
   const int64_t rows_out = p.batch * p.q_len * p.heads_q;
   Partials parts{static_cast<float*>(workspace), nullptr};
   if (workspace != nullptr) parts.lse = parts.o + plan.splits * rows_out * p.cache.head_dim;
@@ -242,8 +318,17 @@ cudaError_t launch_decode(const DecodeParams& p, const DecodePlan& plan, void* w
     if (Kernel::head_passes(p) > 65535) return cudaErrorInvalidValue;  // grid y
     int per_sm = 0;
     if (cudaError_t status = Kernel::blocks_per_sm(&per_sm); status != cudaSuccess) return status;
-    Kernel::launch(p, plan.splits, plan.tuning, parts, stream);
-    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess || plan.splits == 1) return status;
+    // A cluster plan must come from plan_decode_tuned's check on this device and for this kernel.
+    bool fit = !plan.tuning.cluster_combine;
+    if (!fit) {
+      if (cudaError_t status = Kernel::clusters_fit(p, plan.splits, plan.tuning.heads_fastest, 1, &fit);
+          status != cudaSuccess)
+        return status;
+    }
+    if (!fit) return cudaErrorInvalidValue;
+    if (cudaError_t status = Kernel::launch(p, plan.splits, plan.tuning, parts, stream);
+        status != cudaSuccess || !partials)
+      return status;
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(rows_out));
     config.blockDim = dim3(kCombineThreads);

@@ -237,7 +237,14 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
       warp_o[(g + 8) * kWidth + 8 * n + 2 * t + x] = o[n][2 + x];
     }
   __syncthreads();
-  merge_and_store<Element, kWarps, kMmaRows, kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0], merge_o);
+  if (shape.cluster_combine) {
+    __shared__ float split_lse[kMmaRows];
+    merge_and_combine_in_cluster<Element, kWarps, kMmaRows, kWidth>(p, block, rows, &warp_max[0][0], &warp_sum[0][0],
+                                                                    merge_o, split_lse);
+  } else {
+    merge_and_store<Element, kWarps, kMmaRows, kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0],
+                                                       merge_o);
+  }
 }
 
 }  // namespace jax_flash::cuda_kernels::decode

@@ -23,12 +23,18 @@ struct DecodeTuning {
   // The combine kernel is launched as a programmatic dependent (sm_90): its launch overlaps the split kernel's last
   // blocks, and it waits for their results on the GPU instead of between launches.
   bool overlap_combine;
+  // The splits of a (sequence, kv head, pass) run as one thread-block cluster (sm_90) and combine their partials
+  // through each other's shared memory at the end, instead of through global memory and the combine kernel (which
+  // remains for the float32 kernel, more than kMaxClusterSplits splits, and GPUs or grids where the clusters would
+  // leave block slots empty).
+  bool cluster_combine;
 };
 
 // rows3, splits fastest, one wave, the combine launched as a programmatic dependent: the best score of the H200 sweep
 // of 2026-12-04 (docs/benchmarks.md). plan_decode swaps in the wide blocks where the key range must be split, and
-// rows2 or the narrow blocks where rows3 does not fit.
-constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, true};
+// rows2 or the narrow blocks where rows3 does not fit; the combine runs in the split kernel's clusters wherever they
+// can.
+constexpr DecodeTuning kDefaultDecodeTuning{DecodeKernel::kRows3, false, 1, true, true};
 
 inline const char* decode_kernel_name(DecodeKernel kernel) {
   constexpr const char* kNames[] = {"rows2", "rows3", "wide", "narrow"};

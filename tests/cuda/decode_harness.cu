@@ -93,7 +93,7 @@ static DecodePlan plan_and_run(const DecodeParams& p, const DecodeTuning* tuning
 
 static std::string variant_name(const DecodeTuning& t) {
   return std::string(decode_kernel_name(t.kernel)) + (t.heads_fastest ? "/heads" : "/splits") + "/" +
-         std::to_string(t.waves) + "w" + (t.overlap_combine ? "/pdl" : "");
+         std::to_string(t.waves) + "w" + (t.overlap_combine ? "/pdl" : "") + (t.cluster_combine ? "/cluster" : "");
 }
 
 // Whether a call with `tuning` plans, launches and completes here (a kernel shape may need more shared memory than
@@ -177,16 +177,16 @@ static bool check_case(const Case& c, const DecodeTuning* tuning, bool verbose, 
   if (verbose || !ok)
     printf("%-5s B=%d L=%d q_len=%d %d/%d D=%d page=%d window=%lld softcap=%g splits=%lld %s: out err %.2e, lse err %.2e %s\n",
            name(c.dtype), c.b, c.max_len, c.q_len, c.hq, c.hkv, c.d, c.page_size, (long long)c.window, c.softcap,
-           (long long)plan.splits, decode_kernel_name(plan.tuning.kernel), max_err, lse_err, ok ? "ok" : "FAIL");
+           (long long)plan.splits, variant_name(plan.tuning).c_str(), max_err, lse_err, ok ? "ok" : "FAIL");
   return ok;
 }
 
-// Microseconds per call (after warm-up, 50 back-to-back calls between CUDA events) and the plan's split count, for
-// caches filled with one value (bf16 0x3F3F): every output element must be that value too, else *right is false.
-static double time_call(const DecodeParams& p, const DecodeTuning* tuning, int64_t* splits, bool* right) {
+// Microseconds per call (after warm-up, 50 back-to-back calls between CUDA events) and the plan, for caches filled
+// with one value (bf16 0x3F3F): every output element must be that value too, else *right is false.
+static double time_call(const DecodeParams& p, const DecodeTuning* tuning, DecodePlan* used, bool* right) {
   void* workspace;
   const DecodePlan plan = plan_and_run(p, tuning, &workspace);
-  *splits = plan.splits;
+  *used = plan;
   std::vector<__nv_bfloat16> out(p.batch * p.q_len * p.heads_q * p.cache.head_dim);
   CHECK(cudaMemcpy(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost));
   *right = true;
@@ -242,12 +242,17 @@ static void fill_bench_case(const Case& c, DeviceCase& dc) {
 // Bytes of K and V one call reads on a benchmark case (every length at the capacity).
 static double kv_bytes(const Case& c) { return 2.0 * c.b * c.max_len * c.hkv * c.d * 2; }
 
-// GB/s of K + V read per call on a benchmark case (fresh caches of one value), the plan's split count and whether
-// the output was right.
-static double bench_gbps(const Case& c, const DecodeTuning* tuning, int64_t* splits, bool* right, std::mt19937& gen) {
+// GB/s of K + V read per call on a benchmark case (fresh caches of one value), the plan and whether the output was
+// right.
+static double bench_gbps(const Case& c, const DecodeTuning* tuning, DecodePlan* plan, bool* right, std::mt19937& gen) {
   DeviceCase dc(c, gen);
   fill_bench_case(c, dc);
-  return kv_bytes(c) / time_call(dc.p, tuning, splits, right) / 1e3;
+  return kv_bytes(c) / time_call(dc.p, tuning, plan, right) / 1e3;
+}
+
+// A plan's split count as the tables print it: "(16c)" where the splits combine in clusters.
+static std::string splits_label(const DecodePlan& plan) {
+  return "(" + std::to_string(plan.splits) + (plan.tuning.cluster_combine ? "c)" : ")");
 }
 
 // `--profile LABEL [--kernel NAME]`: only the production plan (or kernel NAME's, splits fastest, one wave) on one
@@ -264,10 +269,10 @@ static int profile_case(const Bench* bench, int count, const char* label, const 
   }
   for (int s = 0; s < count; ++s) {
     if (std::strcmp(bench[s].label, label)) continue;
-    int64_t splits;
+    DecodePlan plan;
     bool right;
-    const double gbps = bench_gbps(bench[s].c, tuning, &splits, &right, gen);
-    printf("%s: %s, %lld splits, %.0f GB/s%s\n", label, kernel ? kernel : "production plan", (long long)splits, gbps,
+    const double gbps = bench_gbps(bench[s].c, tuning, &plan, &right, gen);
+    printf("%s: %s, %s splits, %.0f GB/s%s\n", label, kernel ? kernel : "production plan", splits_label(plan).c_str(), gbps,
            right ? "" : " WRONG");
     return right ? 0 : 1;
   }
@@ -343,7 +348,7 @@ int main(int argc, char** argv) {
   // Times every variant on every benchmark case (each case's caches built once) and prints one row per variant.
   auto sweep = [&](const std::vector<DecodeTuning>& variants, const std::vector<bool>& checked) {
     std::vector<std::vector<double>> gbps(variants.size(), std::vector<double>(kShapes));
-    std::vector<std::vector<int64_t>> splits(variants.size(), std::vector<int64_t>(kShapes));
+    std::vector<std::vector<DecodePlan>> plans(variants.size(), std::vector<DecodePlan>(kShapes));
     std::vector<bool> right(variants.size(), true);  // every timed output was the expected value
     for (int s = 0; s < kShapes; ++s) {
       const Case& c = bench[s].c;
@@ -352,7 +357,7 @@ int main(int argc, char** argv) {
       const double bytes = kv_bytes(c);
       for (size_t v = 0; v < variants.size(); ++v) {
         bool ok;
-        gbps[v][s] = bytes / time_call(dc.p, &variants[v], &splits[v][s], &ok) / 1e3;
+        gbps[v][s] = bytes / time_call(dc.p, &variants[v], &plans[v][s], &ok) / 1e3;
         if (!ok) right[v] = false, ++failures;
       }
     }
@@ -362,7 +367,7 @@ int main(int argc, char** argv) {
       double score = INFINITY;
       printf("%-30s", name.c_str());
       for (int s = 0; s < kShapes; ++s) {
-        printf(" %8.0f (%3lld)", gbps[v][s], (long long)splits[v][s]);
+        printf(" %8.0f %5s", gbps[v][s], splits_label(plans[v][s]).c_str());
         score = std::min(score, gbps[v][s] / bench[s].target_gbps);
         if (ok && gbps[v][s] > fastest[s].first) fastest[s] = {gbps[v][s], name};
       }
@@ -398,11 +403,11 @@ int main(int argc, char** argv) {
     // The production plan (plan_decode: the default tuning with its per-shape kernel choice).
     printf("%-30s", "production plan");
     for (int s = 0; s < kShapes; ++s) {
-      int64_t splits;
+      DecodePlan plan;
       bool ok;
-      const double gbps = bench_gbps(bench[s].c, nullptr, &splits, &ok, gen);
+      const double gbps = bench_gbps(bench[s].c, nullptr, &plan, &ok, gen);
       if (!ok) ++failures;
-      printf(" %8.0f (%3lld)%s", gbps, (long long)splits, ok ? "" : "!");
+      printf(" %8.0f %5s%s", gbps, splits_label(plan).c_str(), ok ? "" : "!");
     }
     printf("\n");
     // Head dims 64 and 256 (the sweep's are 128): the production plan only.
@@ -410,11 +415,11 @@ int main(int argc, char** argv) {
                                Bench{{bf16, 1, 131072, 1, 32, 8, 64, 0, -1, 0}, "1x131k D=64", 0},
                                Bench{{bf16, 8, 32768, 1, 32, 8, 256, 0, -1, 0}, "8x32k D=256", 0},
                                Bench{{bf16, 1, 131072, 1, 32, 8, 256, 0, -1, 0}, "1x131k D=256", 0}}) {
-      int64_t splits;
+      DecodePlan plan;
       bool ok;
-      const double gbps = bench_gbps(other.c, nullptr, &splits, &ok, gen);
+      const double gbps = bench_gbps(other.c, nullptr, &plan, &ok, gen);
       if (!ok) ++failures;
-      printf("production plan, %-14s %8.0f (%3lld)%s\n", other.label, gbps, (long long)splits, ok ? "" : " WRONG");
+      printf("production plan, %-14s %8.0f %5s%s\n", other.label, gbps, splits_label(plan).c_str(), ok ? "" : " WRONG");
     }
 
     // The three best variants again with the combine launched as a programmatic dependent ("/pdl").
@@ -429,6 +434,18 @@ int main(int argc, char** argv) {
       overlapped_checked.push_back(check_tuning(tuning));
     }
     if (!overlapped.empty()) sweep(overlapped, overlapped_checked);
+    // The same three with each item's splits combined in a thread-block cluster ("/cluster"; the plan falls back to
+    // the combine kernel where clusters do not fit, so a row may mix both).
+    std::vector<DecodeTuning> clustered;
+    std::vector<bool> clustered_checked;
+    for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) {
+      DecodeTuning tuning = scored[v].second;
+      tuning.cluster_combine = true;
+      if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
+      clustered.push_back(tuning);
+      clustered_checked.push_back(check_tuning(tuning));
+    }
+    if (!clustered.empty()) sweep(clustered, clustered_checked);
     for (int s = 0; s < kShapes; ++s)
       printf("fastest at %-9s: %-30s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
