@@ -136,8 +136,32 @@ __device__ __forceinline__ float load_cluster_shared(const float* local, unsigne
   return x;
 }
 
-// Merges kStates softmax states of the block's rows: state s has base-2 running max state_max[s * kRows + r], sum
-// state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col]. The whole block takes part.
+// Row r, column col of the block's output from kStates softmax states: state s has base-2 running max
+// state_max[s * kRows + r], sum state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col].
+// Returns the normalised value and the row's base-2 lse.
+struct MergedState {
+  float value, lse2;
+};
+
+template <int kStates, int kRows, int kWidth>
+__device__ __forceinline__ MergedState merge_states(const float* state_max, const float* state_sum,
+                                                    const float* state_o, int r, int col) {
+  float max_all = -INFINITY;
+  for (int s = 0; s < kStates; ++s) max_all = fmaxf(max_all, state_max[s * kRows + r]);
+  // With nothing visible the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
+  const float shift = max_all == -INFINITY ? 0.f : max_all;
+  float sum = 0.f, acc = 0.f;
+  for (int s = 0; s < kStates; ++s) {
+    const float weight = exp2f(state_max[s * kRows + r] - shift);
+    sum = fmaf(state_sum[s * kRows + r], weight, sum);
+    acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
+  }
+  // A sum of 0: nothing visible. A NaN sum (a NaN among the visible entries) stays NaN, so the combine passes it on.
+  return {sum == 0.f ? 0.f : acc / sum, sum == 0.f ? -INFINITY : max_all + log2f(sum)};
+}
+
+// Merges the block's softmax states (merge_states) and writes the output, or this split's partial. The whole block
+// takes part.
 template <typename Element, int kStates, int kRows, int kWidth>
 __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, const BlockIndex& block, int rows,
                                 const float* state_max, const float* state_sum, const float* state_o) {
@@ -147,19 +171,7 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
-    float max_all = -INFINITY;
-    for (int s = 0; s < kStates; ++s) max_all = fmaxf(max_all, state_max[s * kRows + r]);
-    // With nothing visible the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
-    const float shift = max_all == -INFINITY ? 0.f : max_all;
-    float sum = 0.f, acc = 0.f;
-    for (int s = 0; s < kStates; ++s) {
-      const float weight = exp2f(state_max[s * kRows + r] - shift);
-      sum = fmaf(state_sum[s * kRows + r], weight, sum);
-      acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
-    }
-    // A sum of 0: nothing visible. A NaN sum (a NaN among the visible entries) stays NaN, so the combine passes it on.
-    const float value = sum == 0.f ? 0.f : acc / sum;
-    const float lse2 = sum == 0.f ? -INFINITY : max_all + log2f(sum);
+    const auto [value, lse2] = merge_states<kStates, kRows, kWidth>(state_max, state_sum, state_o, r, col);
     const int row = row0 + r;
     const int64_t target = out_row(p, b, hk, row);
     if (splits == 1) {
@@ -190,17 +202,10 @@ __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockI
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
-    float max_all = -INFINITY;
-    for (int s = 0; s < kStates; ++s) max_all = fmaxf(max_all, state_max[s * kRows + r]);
-    const float shift = max_all == -INFINITY ? 0.f : max_all;
-    float sum = 0.f, acc = 0.f;
-    for (int s = 0; s < kStates; ++s) {  // this thread alone reads column col of row r, so it may overwrite slot 0
-      const float weight = exp2f(state_max[s * kRows + r] - shift);
-      sum = fmaf(state_sum[s * kRows + r], weight, sum);
-      acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
-    }
-    state_o[r * kWidth + col] = sum == 0.f ? 0.f : acc / sum;
-    if (col == 0) split_lse[r] = sum == 0.f ? -INFINITY : max_all + log2f(sum);
+    // This thread alone reads column col of row r of every state, so it may overwrite slot 0's.
+    const MergedState merged = merge_states<kStates, kRows, kWidth>(state_max, state_sum, state_o, r, col);
+    state_o[r * kWidth + col] = merged.value;
+    if (col == 0) split_lse[r] = merged.lse2;
   }
   cluster_barrier();
   const int group = static_cast<int>(p.group());

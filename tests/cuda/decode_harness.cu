@@ -422,30 +422,23 @@ int main(int argc, char** argv) {
       printf("production plan, %-14s %8.0f %5s%s\n", other.label, gbps, splits_label(plan).c_str(), ok ? "" : " WRONG");
     }
 
-    // The three best variants again with the combine launched as a programmatic dependent ("/pdl").
+    // The three best variants again with the combine launched as a programmatic dependent ("/pdl"), then with each
+    // item's splits combined in a thread-block cluster ("/cluster"; the plan falls back to the combine kernel where
+    // clusters do not fit, so a row may mix both).
     std::sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-    std::vector<DecodeTuning> overlapped;
-    std::vector<bool> overlapped_checked;
-    for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) {
-      DecodeTuning tuning = scored[v].second;
-      tuning.overlap_combine = true;
-      if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
-      overlapped.push_back(tuning);
-      overlapped_checked.push_back(check_tuning(tuning));
+    std::vector<DecodeTuning> best_three;  // copied: the sweeps below add to `scored`
+    for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) best_three.push_back(scored[v].second);
+    for (bool DecodeTuning::*option : {&DecodeTuning::overlap_combine, &DecodeTuning::cluster_combine}) {
+      std::vector<DecodeTuning> changed;
+      std::vector<bool> changed_checked;
+      for (DecodeTuning tuning : best_three) {
+        tuning.*option = true;
+        if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
+        changed.push_back(tuning);
+        changed_checked.push_back(check_tuning(tuning));
+      }
+      if (!changed.empty()) sweep(changed, changed_checked);
     }
-    if (!overlapped.empty()) sweep(overlapped, overlapped_checked);
-    // The same three with each item's splits combined in a thread-block cluster ("/cluster"; the plan falls back to
-    // the combine kernel where clusters do not fit, so a row may mix both).
-    std::vector<DecodeTuning> clustered;
-    std::vector<bool> clustered_checked;
-    for (size_t v = 0; v < std::min<size_t>(3, scored.size()); ++v) {
-      DecodeTuning tuning = scored[v].second;
-      tuning.cluster_combine = true;
-      if (!launches({bf16, 4, 4099, 1, 32, 8, 128, 0, -1, 0}, tuning, gen)) break;
-      clustered.push_back(tuning);
-      clustered_checked.push_back(check_tuning(tuning));
-    }
-    if (!clustered.empty()) sweep(clustered, clustered_checked);
     for (int s = 0; s < kShapes; ++s)
       printf("fastest at %-9s: %-30s %.0f GB/s\n", bench[s].label, fastest[s].second.c_str(), fastest[s].first);
     best += " (score " + std::to_string(best_score).substr(0, 5) + ")";
