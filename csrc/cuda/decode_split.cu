@@ -95,7 +95,7 @@ struct Instance {
   // no cluster instructions). Asked once per device and split count.
   static cudaError_t clusters_fit(const DecodeParams& p, int64_t splits, bool heads_fastest, int64_t resident,
                                   bool* fit) {
-    static std::atomic<int> cached[kMaxDevices][kMaxClusterSplits + 1] = {};  // 0 unknown, 1 no, 2 + clusters
+    static std::atomic<int> cached[kMaxDevices][kMaxClusterSplits + 1] = {};  // 0 unknown, else 1 + clusters
     *fit = false;
     if (splits < 2 || splits > kMaxClusterSplits || !kClusterable) return cudaSuccess;
     int device = 0;

@@ -8,8 +8,9 @@
 //    variant with a score (the worst ratio to the targets: 2.9 TB/s at B=8 L=4k, 3.85 TB/s at the others, 95% of
 //    that for the paged cache; every timed output is checked too), and a row for the production plan (plan_decode),
 //    which is also timed at head dims 64 and 256; the three best again with the combine launched as a programmatic
-//    dependent ("/pdl"); then the fastest variant per case and, on the last line, the best-scoring variant among the
-//    correct ones: what kDefaultDecodeTuning should be.
+//    dependent ("/pdl"), then with the splits combined in thread-block clusters ("/cluster"; split counts printed
+//    "(2c)" where a plan uses them); then the fastest variant per case and, on the last line, the best-scoring
+//    variant among the correct ones: what kDefaultDecodeTuning should be.
 // Build and run from the repo root:
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
 //        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
