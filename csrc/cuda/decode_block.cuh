@@ -19,6 +19,9 @@ constexpr int kKeyAlign = 16;
 
 constexpr int kTileKeys = 16;  // keys per tile of the tensor-core kernels
 constexpr int kMmaRows = 16;   // packed rows per pass of the tensor-core kernels: the M of mma m16n8k16
+// The most blocks per cluster where the splits combine in a cluster: 8 is portable, sm_90 allows 16 on request
+// (cudaFuncAttributeNonPortableClusterSizeAllowed).
+constexpr int kMaxClusterSplits = 16;
 
 struct Partials {
   float* o;    // [splits, rows_out, head_dim], each split normalised by its own sum
@@ -189,14 +192,16 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
 // The end of a block whose split's partners are the other blocks of its cluster (one cluster per (sequence, kv head,
 // pass), block rank = split): the combine without a second kernel or a round trip of the partials through global
 // memory. Each block merges its warps' states in place (row r's normalised output over state slot 0, its base-2 lse
-// into split_lse[r]); after a cluster barrier, block c writes every splits-th group of blockDim.x output elements,
-// weighing the splits' partials read from their shared memory, in split order (deterministic) and with
-// decode_combine_kernel's rules for empty rows and NaN; a second barrier keeps every block's shared memory alive
-// until the others have read it.
+// into split_lse[r]). After a cluster barrier each block reads every split's lse once and keeps each row's split
+// weights in its own shared memory (over state slot 1, free by then); block c then writes every splits-th group of
+// blockDim.x output elements, weighing the splits' partials read from their shared memory, in split order
+// (deterministic) and with decode_combine_kernel's rules for empty rows and NaN. A second barrier keeps every block's
+// shared memory alive until the others have read it.
 template <typename Element, int kStates, int kRows, int kWidth>
 __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockIndex& block, int rows,
                                              const float* state_max, const float* state_sum, float* state_o,
                                              float* split_lse) {
+  static_assert(kStates >= 2 && kRows * (kMaxClusterSplits + 2) <= kRows * kWidth, "the weights fit state slot 1");
   const int64_t b = block.b, hk = block.hk;
   const int d = static_cast<int>(p.cache.head_dim), splits = block.splits;
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
@@ -208,27 +213,40 @@ __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockI
     if (col == 0) split_lse[r] = merged.lse2;
   }
   cluster_barrier();
-  const int group = static_cast<int>(p.group());
-  for (int index = block.split * blockDim.x + threadIdx.x; index < rows * d; index += splits * blockDim.x) {
-    const int r = index / d, col = index % d;
+  // Per row r: weight[s * kRows + r] of split s (0 for an empty split, or one far below the max), their total, and
+  // the largest lse (NaN if any split's is). splits <= kMaxClusterSplits (launch_decode).
+  float* weight = state_o + kRows * kWidth;
+  float* row_total = weight + kMaxClusterSplits * kRows;
+  float* row_max = row_total + kRows;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     float max_all = -INFINITY;
     for (int s = 0; s < splits; ++s) {
       const float lse = load_cluster_shared(split_lse + r, s);
+      weight[s * kRows + r] = lse;
       max_all = isnan(max_all) || isnan(lse) ? NAN : fmaxf(max_all, lse);
     }
     const float shift = max_all == -INFINITY ? 0.f : max_all;
-    float total = 0.f, acc = 0.f;
+    float total = 0.f;
+    for (int s = 0; s < splits; ++s) total += weight[s * kRows + r] = exp2f(weight[s * kRows + r] - shift);
+    row_total[r] = total;
+    row_max[r] = max_all;
+  }
+  __syncthreads();
+  const int group = static_cast<int>(p.group());
+  for (int index = block.split * blockDim.x + threadIdx.x; index < rows * d; index += splits * blockDim.x) {
+    const int r = index / d, col = index % d;
+    float acc = 0.f;
     for (int s = 0; s < splits; ++s) {
-      const float weight = exp2f(load_cluster_shared(split_lse + r, s) - shift);
-      if (weight == 0.f) continue;  // an empty split (or one far below the max): its partial need not be read
-      total += weight;
-      acc = fmaf(weight, load_cluster_shared(state_o + r * kWidth + col, s), acc);
+      const float w = weight[s * kRows + r];
+      if (w == 0.f) continue;  // its partial need not be read
+      acc = fmaf(w, load_cluster_shared(state_o + r * kWidth + col, s), acc);
     }
+    const float total = row_total[r];
     const int row = block.row0 + r;
     store_float(total == 0.f ? 0.f : acc / total, static_cast<Element*>(p.out) + out_row(p, b, hk, row) * d + col);
     if (col == 0)
       p.lse[(b * p.heads_q + hk * group + row % group) * p.q_len + row / group] =
-          total == 0.f ? -INFINITY : (max_all + log2f(total)) * kLn2;
+          total == 0.f ? -INFINITY : (row_max[r] + log2f(total)) * kLn2;
   }
   cluster_barrier();
 }

@@ -28,8 +28,6 @@ constexpr int64_t kMinKeysPerSplit = 256;  // below this the pipeline fill and t
 // Fewer splits are preferred while their wave efficiency is within this factor of the best split count's.
 constexpr double kWaveTolerance = 0.95;
 constexpr int kMaxDevices = 64;
-// The most blocks per cluster: 8 is portable, sm_90 allows 16 on request (cudaFuncAttributeNonPortableClusterSizeAllowed).
-constexpr int kMaxClusterSplits = 16;
 
 cudaError_t current_device(int* device) { return cudaGetDevice(device); }
 
@@ -281,19 +279,22 @@ cudaError_t plan_decode_tuned(const DecodeParams& p, const DecodeTuning& tuning,
     const size_t split_bytes = sizeof(float) * static_cast<size_t>(rows_out * (p.cache.head_dim + 1));
     const int64_t fitting =
         static_cast<int64_t>(std::min<size_t>(workspace_limit / std::max<size_t>(split_bytes, 1), kMaxSplits));
-    plan->splits = choose_splits(items, slots, std::clamp<int64_t>(std::min(useful, fitting), 1, kMaxSplits));
+    const int64_t most_useful = std::clamp<int64_t>(useful, 1, kMaxSplits);
+    plan->splits = choose_splits(items, slots, std::min(most_useful, std::max<int64_t>(fitting, 1)));
     // Clusters need no workspace, so their split count is the one the workspace would not cap; they are used when
     // that count fits a cluster and the clusters fill as many block slots as plain blocks would.
-    const int64_t preferred = choose_splits(items, slots, std::clamp<int64_t>(useful, 1, kMaxSplits));
     bool clustered = false;
-    if (tuning.cluster_combine && preferred <= kMaxClusterSplits) {
-      if (cudaError_t status = Kernel::clusters_fit(p, preferred, tuning.heads_fastest,
-                                                    std::min(items * preferred, slots), &clustered);
-          status != cudaSuccess)
-        return status;
+    if (tuning.cluster_combine) {
+      const int64_t preferred = fitting >= most_useful ? plan->splits : choose_splits(items, slots, most_useful);
+      if (preferred <= kMaxClusterSplits) {
+        if (cudaError_t status = Kernel::clusters_fit(p, preferred, tuning.heads_fastest,
+                                                      std::min(items * preferred, slots), &clustered);
+            status != cudaSuccess)
+          return status;
+      }
+      if (clustered) plan->splits = preferred;
     }
     plan->tuning.cluster_combine = clustered;
-    if (clustered) plan->splits = preferred;
     plan->workspace_bytes =
         plan->splits == 1 || plan->tuning.cluster_combine ? 0 : split_bytes * static_cast<size_t>(plan->splits);
     return cudaSuccess;
