@@ -140,13 +140,14 @@ __device__ __forceinline__ float load_cluster_shared(const float* local, unsigne
 }
 
 // Row r, column col of the block's output from kStates softmax states: state s has base-2 running max
-// state_max[s * kRows + r], sum state_sum[...] and unnormalised output state_o[(s * kRows + r) * kWidth + col].
+// state_max[s * kRows + r], sum state_sum[...] and unnormalised output state_o[(s * kRows + r) * kStride + col]
+// (a kernel may pad its rows past the head dim so that storing them is free of bank conflicts).
 // Returns the normalised value and the row's base-2 lse.
 struct MergedState {
   float value, lse2;
 };
 
-template <int kStates, int kRows, int kWidth>
+template <int kStates, int kRows, int kStride>
 __device__ __forceinline__ MergedState merge_states(const float* state_max, const float* state_sum,
                                                     const float* state_o, int r, int col) {
   float max_all = -INFINITY;
@@ -157,7 +158,7 @@ __device__ __forceinline__ MergedState merge_states(const float* state_max, cons
   for (int s = 0; s < kStates; ++s) {
     const float weight = exp2f(state_max[s * kRows + r] - shift);
     sum = fmaf(state_sum[s * kRows + r], weight, sum);
-    acc = fmaf(state_o[(s * kRows + r) * kWidth + col], weight, acc);
+    acc = fmaf(state_o[(s * kRows + r) * kStride + col], weight, acc);
   }
   // A sum of 0: nothing visible. A NaN sum (a NaN among the visible entries) stays NaN, so the combine passes it on.
   return {sum == 0.f ? 0.f : acc / sum, sum == 0.f ? -INFINITY : max_all + log2f(sum)};
@@ -165,7 +166,7 @@ __device__ __forceinline__ MergedState merge_states(const float* state_max, cons
 
 // Merges the block's softmax states (merge_states) and writes the output, or this split's partial. The whole block
 // takes part.
-template <typename Element, int kStates, int kRows, int kWidth>
+template <typename Element, int kStates, int kRows, int kWidth, int kStride>
 __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, const BlockIndex& block, int rows,
                                 const float* state_max, const float* state_sum, const float* state_o) {
   const int64_t b = block.b, hk = block.hk;
@@ -174,7 +175,7 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
-    const auto [value, lse2] = merge_states<kStates, kRows, kWidth>(state_max, state_sum, state_o, r, col);
+    const auto [value, lse2] = merge_states<kStates, kRows, kStride>(state_max, state_sum, state_o, r, col);
     const int row = row0 + r;
     const int64_t target = out_row(p, b, hk, row);
     if (splits == 1) {
@@ -197,25 +198,25 @@ __device__ void merge_and_store(const DecodeParams& p, const Partials& parts, co
 // blockDim.x output elements, weighing the splits' partials read from their shared memory, in split order
 // (deterministic) and with decode_combine_kernel's rules for empty rows and NaN. A second barrier keeps every block's
 // shared memory alive until the others have read it.
-template <typename Element, int kStates, int kRows, int kWidth>
+template <typename Element, int kStates, int kRows, int kWidth, int kStride>
 __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockIndex& block, int rows,
                                              const float* state_max, const float* state_sum, float* state_o,
                                              float* split_lse) {
-  static_assert(kStates >= 2 && kRows * (kMaxClusterSplits + 2) <= kRows * kWidth, "the weights fit state slot 1");
+  static_assert(kStates >= 2 && kRows * (kMaxClusterSplits + 2) <= kRows * kStride, "the weights fit state slot 1");
   const int64_t b = block.b, hk = block.hk;
   const int d = static_cast<int>(p.cache.head_dim), splits = block.splits;
   for (int index = threadIdx.x; index < rows * kWidth; index += blockDim.x) {
     const int r = index / kWidth, col = index % kWidth;
     if (col >= d) continue;
     // This thread alone reads column col of row r of every state, so it may overwrite slot 0's.
-    const MergedState merged = merge_states<kStates, kRows, kWidth>(state_max, state_sum, state_o, r, col);
-    state_o[r * kWidth + col] = merged.value;
+    const MergedState merged = merge_states<kStates, kRows, kStride>(state_max, state_sum, state_o, r, col);
+    state_o[r * kStride + col] = merged.value;
     if (col == 0) split_lse[r] = merged.lse2;
   }
   cluster_barrier();
   // Per row r: weight[s * kRows + r] of split s (0 for an empty split, or one far below the max), their total, and
   // the largest lse (NaN if any split's is). splits <= kMaxClusterSplits (launch_decode).
-  float* weight = state_o + kRows * kWidth;
+  float* weight = state_o + kRows * kStride;
   float* row_total = weight + kMaxClusterSplits * kRows;
   float* row_max = row_total + kRows;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -239,7 +240,7 @@ __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockI
     for (int s = 0; s < splits; ++s) {
       const float w = weight[s * kRows + r];
       if (w == 0.f) continue;  // its partial need not be read
-      acc = fmaf(w, load_cluster_shared(state_o + r * kWidth + col, s), acc);
+      acc = fmaf(w, load_cluster_shared(state_o + r * kStride + col, s), acc);
     }
     const float total = row_total[r];
     const int row = block.row0 + r;

@@ -33,7 +33,10 @@ struct RowsKernel {
   static constexpr int kTileElements = 2 * kTileKeys * kRowStride;  // K rows, then V rows
   static constexpr size_t kQueryBytes = size_t{16} * kSteps * 32;   // A operands of Q
   static constexpr size_t kPipeBytes = sizeof(Element) * kTileElements * kWarps * kStages;
-  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * 16 * kWidth;  // warps' outputs, over the drained pipe
+  // The warps' outputs, over the drained pipe: rows padded by 8 floats, so that the 8 row groups of a warp's fragment
+  // stores fall in distinct banks (unpadded, every store was an 8-way bank conflict).
+  static constexpr int kMergeStride = kWidth + 8;
+  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kMmaRows * kMergeStride;
   static constexpr size_t kSharedBytes = kQueryBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   // Blocks that fit an sm_90 SM's 227 KiB (1 KiB reserved per block), for the register bound of __launch_bounds__;
   // at most 4, so that blocks of 4 warps may use 128 registers a thread (rows2 at head dim 64 spilled with 5).
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   extern __shared__ uint4 shared[];
   uint4* query_frags = shared;  // [kSteps][32]: A operands of Q
   Element* pipe = reinterpret_cast<Element*>(shared + Shape::kQueryBytes / 16);  // [kWarps][kStages][2][16][kStride]
-  float* merge_o = reinterpret_cast<float*>(pipe);  // [kWarps][16][kWidth], once the pipeline is drained
+  float* merge_o = reinterpret_cast<float*>(pipe);  // [kWarps][16][kMergeStride], once the pipeline is drained
   __shared__ float warp_max[kWarps][16], warp_sum[kWarps][16];
 
   const BlockIndex block = block_index(shape, kMmaRows);
@@ -227,23 +230,24 @@ __global__ void __launch_bounds__(kWarps * 32, (RowsKernel<Element, kWidth, kWar
   softmax.reduce_sums();
   __syncthreads();
   softmax.store(&warp_max[0][0], &warp_sum[0][0], warp, g);
-  float* warp_o = merge_o + warp * 16 * kWidth;  // [16][kWidth], as merge_and_store reads it
+  // Rows past the block's real ones (padding of the 16 mma rows) are never read.
+  constexpr int kMergeStride = Shape::kMergeStride;
+  float* warp_o = merge_o + warp * kMmaRows * kMergeStride;
   const int t = lane % 4;
 #pragma unroll
-  for (int n = 0; n < kWidth / 8; ++n)
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      warp_o[g * kWidth + 8 * n + 2 * t + x] = o[n][x];
-      warp_o[(g + 8) * kWidth + 8 * n + 2 * t + x] = o[n][2 + x];
-    }
+  for (int n = 0; n < kWidth / 8; ++n) {
+    float* column = warp_o + 8 * n + 2 * t;
+    if (g < rows) *reinterpret_cast<float2*>(column + g * kMergeStride) = make_float2(o[n][0], o[n][1]);
+    if (g + 8 < rows) *reinterpret_cast<float2*>(column + (g + 8) * kMergeStride) = make_float2(o[n][2], o[n][3]);
+  }
   __syncthreads();
   if (shape.cluster_combine) {
     __shared__ float split_lse[kMmaRows];
-    merge_and_combine_in_cluster<Element, kWarps, kMmaRows, kWidth>(p, block, rows, &warp_max[0][0], &warp_sum[0][0],
-                                                                    merge_o, split_lse);
+    merge_and_combine_in_cluster<Element, kWarps, kMmaRows, kWidth, kMergeStride>(
+        p, block, rows, &warp_max[0][0], &warp_sum[0][0], merge_o, split_lse);
   } else {
-    merge_and_store<Element, kWarps, kMmaRows, kWidth>(p, parts, block, rows, &warp_max[0][0], &warp_sum[0][0],
-                                                       merge_o);
+    merge_and_store<Element, kWarps, kMmaRows, kWidth, kMergeStride>(p, parts, block, rows, &warp_max[0][0],
+                                                                     &warp_sum[0][0], merge_o);
   }
 }
 

@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kSimtThreads, 1) decode_simt_kernel(DecodePara
       for (int e = 0; e < kElems; ++e) slot_o[slot][r][(c * kLanes + sub) * kElems + e] = o[r][c][e];
   }
   __syncthreads();
-  merge_and_store<float, kSlots, kRows, kWidth>(p, parts, block, rows, &slot_max[0][0], &slot_sum[0][0],
-                                                &slot_o[0][0][0]);
+  merge_and_store<float, kSlots, kRows, kWidth, kWidth>(p, parts, block, rows, &slot_max[0][0], &slot_sum[0][0],
+                                                        &slot_o[0][0][0]);
 }
 
 }  // namespace jax_flash::cuda_kernels::decode
