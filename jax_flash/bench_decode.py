@@ -99,8 +99,10 @@ def _program(fn, reps: int, timing: str):
     return steps
 
 
-# Largest |difference| from jax.nn's xla output accepted per dtype; the outputs are averages of unit normal values.
-TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4}
+# Largest |difference| from jax.nn's xla output (at full float32 precision) accepted per dtype; the outputs are
+# averages of unit normal values. float32 as for float16: a peer's float32 product on a GPU is TF32 by default (10
+# mantissa bits, like float16), 5.7e-4 off on the H200.
+TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 4e-3}
 TIMINGS = ("call", "loop", "unrolled")
 GPU_REPS = dict(call=50, loop=50, unrolled=20)  # steps per timed program
 HOST_BOUND = 0.9  # a timing whose enqueueing took this share of it is marked host-bound
@@ -159,7 +161,7 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
         key_pages, value_pages, table = jax.device_put(_paged(k, v, rng), device)
         inputs[PAGED] = (q, key_pages, value_pages, n, table)
     kv_bytes = 2 * batch * length * HEADS_KV * head_dim * jnp.dtype(dtype).itemsize
-    with jax.default_matmul_precision("highest"):  # a GPU's default float32 product is TF32, 1e-3 off
+    with jax.default_matmul_precision("highest"):  # a GPU's default float32 product is TF32
         expected = np.asarray(jax.jit(impls["jax.nn xla"])(q, k, v, n), np.float32)
     records = []
     for name, fn in impls.items():
