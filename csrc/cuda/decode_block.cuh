@@ -139,6 +139,10 @@ __device__ __forceinline__ float load_cluster_shared(const float* local, unsigne
   return x;
 }
 
+// The larger of a and b, NaN if either is: a split whose visible scores hold a NaN has a NaN lse, and the merged
+// row must show it (fmaxf alone would drop it).
+__device__ __forceinline__ float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
+
 // Row r, column col of the block's output from kStates softmax states: state s has base-2 running max
 // state_max[s * kRows + r], sum state_sum[...] and unnormalised output state_o[(s * kRows + r) * kStride + col]
 // (a kernel may pad its rows past the head dim so that storing them is free of bank conflicts).
@@ -224,7 +228,7 @@ __device__ void merge_and_combine_in_cluster(const DecodeParams& p, const BlockI
     for (int s = 0; s < splits; ++s) {
       const float lse = load_cluster_shared(split_lse + r, s);
       weight[s * kRows + r] = lse;
-      max_all = isnan(max_all) || isnan(lse) ? NAN : fmaxf(max_all, lse);
+      max_all = nan_max(max_all, lse);
     }
     const float shift = max_all == -INFINITY ? 0.f : max_all;
     float total = 0.f;

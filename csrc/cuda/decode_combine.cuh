@@ -43,8 +43,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(DecodeP
 
   const float lse = static_cast<int>(threadIdx.x) < splits ? parts.lse[threadIdx.x * rows_out + row] : -INFINITY;
   // A NaN partial (a NaN among its visible entries) makes the maximum NaN, and with it the row's output and lse.
-  const float max_all =
-      combine_block_reduce(lse, [](float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }, scratch);
+  const float max_all = combine_block_reduce(lse, [](float a, float b) { return nan_max(a, b); }, scratch);
   // With nothing visible anywhere the shift is 0, so exp2 of -inf stays 0 instead of becoming NaN.
   const float unnormalised = exp2f(lse - (max_all == -INFINITY ? 0.f : max_all));
   const float total = combine_block_reduce(unnormalised, [](float a, float b) { return a + b; }, scratch);
