@@ -226,6 +226,42 @@ static double copy_bandwidth() {
   return 2.0 * bytes / us / 1e3;
 }
 
+// Reads 2 GiB once per pass, 16 bytes per load, every block striding over the whole buffer: the ceiling of a kernel
+// that only reads, as decode nearly does (the copy above also writes).
+__global__ void read_all(const uint4* data, size_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 x = __ldcs(data + i);
+    acc ^= x.x ^ x.y ^ x.z ^ x.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads; never true for the buffer's bytes
+}
+
+static void read_bandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void* src;
+  unsigned* sink;
+  CHECK(cudaMalloc(&src, bytes)); CHECK(cudaMalloc(&sink, 4));
+  CHECK(cudaMemset(src, 1, bytes));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (int per_sm : {2, 4, 8}) {
+    const size_t n = bytes / 16;
+    read_all<<<sms * per_sm, 2048 / per_sm>>>(static_cast<const uint4*>(src), n, sink);
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
+    const int reps = 10;
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < reps; ++i)
+      read_all<<<sms * per_sm, 2048 / per_sm>>>(static_cast<const uint4*>(src), n, sink);
+    CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
+    float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start); cudaEventDestroy(stop);
+    printf("device read (2 GiB, %d blocks per SM): %.1f GB/s\n", per_sm, bytes / (ms * 1e3 / reps) / 1e3);
+  }
+  cudaFree(src); cudaFree(sink);
+}
+
 struct Bench {
   Case c;
   const char* label;
@@ -256,16 +292,21 @@ static std::string splits_label(const DecodePlan& plan) {
   return "(" + std::to_string(plan.splits) + (plan.tuning.cluster_combine ? "c)" : ")");
 }
 
-// `--profile LABEL [--kernel NAME]`: only the production plan (or kernel NAME's, splits fastest, one wave) on one
-// benchmark case (for ncu: the split kernel's 5th launch is a warm one).
-static int profile_case(const Bench* bench, int count, const char* label, const char* kernel, std::mt19937& gen) {
-  DecodeTuning chosen{};
+// `--profile LABEL [--kernel NAME] [--waves N]`: only the production plan (or kernel NAME's, splits fastest, N waves
+// (1 unless given), the default tuning's combine) on one benchmark case (for ncu: the split kernel's 5th launch is a
+// warm one).
+static int profile_case(const Bench* bench, int count, const char* label, const char* kernel, int waves,
+                        std::mt19937& gen) {
+  DecodeTuning chosen = kDefaultDecodeTuning;
   const DecodeTuning* tuning = nullptr;  // the production plan
-  if (kernel) {
-    int k = 0;
-    while (k < int(DecodeKernel::kCount) && std::strcmp(decode_kernel_name(DecodeKernel(k)), kernel)) ++k;
-    if (k == int(DecodeKernel::kCount)) return printf("no kernel %s\n", kernel), 2;
-    chosen = {DecodeKernel(k), false, 1, false};
+  if (kernel || waves) {
+    if (kernel) {
+      int k = 0;
+      while (k < int(DecodeKernel::kCount) && std::strcmp(decode_kernel_name(DecodeKernel(k)), kernel)) ++k;
+      if (k == int(DecodeKernel::kCount)) return printf("no kernel %s\n", kernel), 2;
+      chosen.kernel = DecodeKernel(k);
+    }
+    chosen.waves = waves ? waves : 1;
     tuning = &chosen;
   }
   for (int s = 0; s < count; ++s) {
@@ -273,8 +314,8 @@ static int profile_case(const Bench* bench, int count, const char* label, const 
     DecodePlan plan;
     bool right;
     const double gbps = bench_gbps(bench[s].c, tuning, &plan, &right, gen);
-    printf("%s: %s, %s splits, %.0f GB/s%s\n", label, kernel ? kernel : "production plan", splits_label(plan).c_str(), gbps,
-           right ? "" : " WRONG");
+    printf("%s: %s, %s splits, %.0f GB/s%s\n", label, tuning ? variant_name(chosen).c_str() : "production plan",
+           splits_label(plan).c_str(), gbps, right ? "" : " WRONG");
     return right ? 0 : 1;
   }
   printf("no benchmark case %s\n", label);
@@ -286,12 +327,15 @@ int main(int argc, char** argv) {
   bool check_only = false;
   const char* profile_label = nullptr;
   const char* profile_kernel = nullptr;
+  int profile_waves = 0;
   int head_dim = 128;  // of the benchmark cases
   for (int i = 1; i < argc; ++i) {
     check_only |= !std::strcmp(argv[i], "--check-only");
     if (!std::strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile_label = argv[++i];
     if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) profile_kernel = argv[++i];
+    if (!std::strcmp(argv[i], "--waves") && i + 1 < argc) profile_waves = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--bandwidth")) return copy_bandwidth(), read_bandwidth(), 0;
   }
   if (head_dim < 8 || head_dim > 256 || head_dim % 8) return printf("--head-dim: a multiple of 8 up to 256\n"), 2;
   std::mt19937 gen(0);
@@ -326,7 +370,7 @@ int main(int argc, char** argv) {
                          {{bf16, 128, 2048, 1, 32, 8, d, 0, -1, 0}, "128x2k", 3850},
                          {{bf16, 8, 32768, 1, 32, 8, d, 16, -1, 0}, "8x32k/p16", 0.95 * 3850}};
   constexpr int kShapes = sizeof(bench) / sizeof(bench[0]);
-  if (profile_label) return profile_case(bench, kShapes, profile_label, profile_kernel, gen);
+  if (profile_label) return profile_case(bench, kShapes, profile_label, profile_kernel, profile_waves, gen);
   double best_score = 0;
   std::string best = "none";
   std::vector<std::pair<double, DecodeTuning>> scored;  // correct variants and their scores
