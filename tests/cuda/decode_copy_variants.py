@@ -34,6 +34,8 @@ VARIANTS = {
     "fetch256": [(PTX, FETCH_128, ".L2::cache_hint.L2::256B [")],
     # No fetch size: L2 fetches only the sectors asked for.
     "no_fetch": [(PTX, FETCH_128, ".L2::cache_hint [")],
+    # The copies pass through L1 (.ca) instead of going to L2 only (.cg), so L1 asks L2 for whole lines.
+    "through_l1": [(PTX, "cp.async.cg.shared.global" + FETCH_128, "cp.async.ca.shared.global" + FETCH_128)],
     # 16 lanes share a 128-wide row, so one copy instruction asks for whole 256-byte rows (both lines of 2 rows)
     # instead of the same line of 4 rows.
     "row16": [(ROWS, LANES_8, "constexpr int kLanesPerRow = kWidth >= 128 ? 16 : 8, ")],
