@@ -182,6 +182,21 @@ static bool check_case(const Case& c, const DecodeTuning* tuning, bool verbose, 
   return ok;
 }
 
+// Mean microseconds of `reps` back-to-back calls of `launch` (work on the default stream) between CUDA events, after
+// `warmups` untimed ones.
+template <typename Launch>
+static double mean_us(int warmups, int reps, Launch&& launch) {
+  for (int i = 0; i < warmups; ++i) launch();
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) launch();
+  CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
+  float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start); cudaEventDestroy(stop);
+  return ms * 1e3 / reps;
+}
+
 // Microseconds per call (after warm-up, 50 back-to-back calls between CUDA events) and the plan, for caches filled
 // with one value (bf16 0x3F3F): every output element must be that value too, else *right is false.
 static double time_call(const DecodeParams& p, const DecodeTuning* tuning, DecodePlan* used, bool* right) {
@@ -192,16 +207,9 @@ static double time_call(const DecodeParams& p, const DecodeTuning* tuning, Decod
   CHECK(cudaMemcpy(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost));
   *right = true;
   for (const __nv_bfloat16& x : out) *right &= std::fabs(__bfloat162float(x) - 0.74609375f) < 1e-2f;
-  for (int i = 0; i < 3; ++i) CHECK(launch_decode(p, plan, workspace, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
-  const int reps = 50;
-  CHECK(cudaEventRecord(start));
-  for (int i = 0; i < reps; ++i) CHECK(launch_decode(p, plan, workspace, 0));
-  CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
-  float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start); cudaEventDestroy(stop); cudaFree(workspace);
-  return ms * 1e3 / reps;
+  const double us = mean_us(3, 50, [&] { CHECK(launch_decode(p, plan, workspace, 0)); });
+  cudaFree(workspace);
+  return us;
 }
 
 // Device-to-device copy of 1 GiB (what "the device copy bandwidth" of the targets means), counted as bytes read plus
@@ -211,16 +219,8 @@ static double copy_bandwidth() {
   void *src, *dst;
   CHECK(cudaMalloc(&src, bytes)); CHECK(cudaMalloc(&dst, bytes));
   CHECK(cudaMemset(src, 1, bytes));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
-  CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  const int reps = 10;
-  CHECK(cudaEventRecord(start));
-  for (int i = 0; i < reps; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
-  float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start); cudaEventDestroy(stop); cudaFree(src); cudaFree(dst);
-  const double us = ms * 1e3 / reps;
+  const double us = mean_us(1, 10, [&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  cudaFree(src); cudaFree(dst);
   printf("device copy (cudaMemcpyAsync D2D, 1 GiB): %.1f us, read+write %.1f GB/s (90%%: %.1f), read alone %.1f GB/s\n",
          us, 2.0 * bytes / us / 1e3, 0.9 * 2.0 * bytes / us / 1e3, bytes / us / 1e3);
   return 2.0 * bytes / us / 1e3;
@@ -246,18 +246,10 @@ static void read_bandwidth() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (int per_sm : {2, 4, 8}) {
-    const size_t n = bytes / 16;
-    read_all<<<sms * per_sm, 2048 / per_sm>>>(static_cast<const uint4*>(src), n, sink);
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start)); CHECK(cudaEventCreate(&stop));
-    const int reps = 10;
-    CHECK(cudaEventRecord(start));
-    for (int i = 0; i < reps; ++i)
-      read_all<<<sms * per_sm, 2048 / per_sm>>>(static_cast<const uint4*>(src), n, sink);
-    CHECK(cudaEventRecord(stop)); CHECK(cudaEventSynchronize(stop));
-    float ms; CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start); cudaEventDestroy(stop);
-    printf("device read (2 GiB, %d blocks per SM): %.1f GB/s\n", per_sm, bytes / (ms * 1e3 / reps) / 1e3);
+    const double us = mean_us(1, 10, [&] {
+      read_all<<<sms * per_sm, 2048 / per_sm>>>(static_cast<const uint4*>(src), bytes / 16, sink);
+    });
+    printf("device read (2 GiB, %d blocks per SM): %.1f GB/s\n", per_sm, bytes / us / 1e3);
   }
   cudaFree(src); cudaFree(sink);
 }
@@ -298,17 +290,14 @@ static std::string splits_label(const DecodePlan& plan) {
 static int profile_case(const Bench* bench, int count, const char* label, const char* kernel, int waves,
                         std::mt19937& gen) {
   DecodeTuning chosen = kDefaultDecodeTuning;
-  const DecodeTuning* tuning = nullptr;  // the production plan
-  if (kernel || waves) {
-    if (kernel) {
-      int k = 0;
-      while (k < int(DecodeKernel::kCount) && std::strcmp(decode_kernel_name(DecodeKernel(k)), kernel)) ++k;
-      if (k == int(DecodeKernel::kCount)) return printf("no kernel %s\n", kernel), 2;
-      chosen.kernel = DecodeKernel(k);
-    }
-    chosen.waves = waves ? waves : 1;
-    tuning = &chosen;
+  if (kernel) {
+    int k = 0;
+    while (k < int(DecodeKernel::kCount) && std::strcmp(decode_kernel_name(DecodeKernel(k)), kernel)) ++k;
+    if (k == int(DecodeKernel::kCount)) return printf("no kernel %s\n", kernel), 2;
+    chosen.kernel = DecodeKernel(k);
   }
+  if (waves) chosen.waves = waves;
+  const DecodeTuning* tuning = kernel || waves ? &chosen : nullptr;  // null: the production plan
   for (int s = 0; s < count; ++s) {
     if (std::strcmp(bench[s].label, label)) continue;
     DecodePlan plan;
