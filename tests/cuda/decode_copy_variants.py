@@ -46,6 +46,7 @@ SHAPES = ["8x4k", "8x32k", "1x131k", "64x8k", "128x2k"]
 
 
 def build(out: pathlib.Path, names: list[str]) -> None:
+    out = out.resolve()  # nvcc runs in the scratch tree
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         with tempfile.TemporaryDirectory() as scratch:
