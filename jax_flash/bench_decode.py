@@ -26,7 +26,9 @@ jax.nn's xla output first.
 Also measured in the same process: jax_flash on a paged copy of the same cache ("jax_flash paged": pages of
 PAGE_SIZE positions in a shuffled pool, each sequence's page table a random permutation) and its time over the
 contiguous layout's, and the device's copy bandwidth (a jitted elementwise op over a large array, bytes read + written
-per second), against which each jax_flash timing's GB/s is reported as a fraction.
+per second), against which each jax_flash timing's GB/s is reported as a fraction, and the host's dispatch floor: the
+call timing of a jitted function that takes the same operands and does next to nothing (q + 1). No implementation's
+call can be shorter; where one's call is near it, the call timing compares hosts, not kernels.
 """
 
 from __future__ import annotations
@@ -185,6 +187,11 @@ def run_case(batch: int, length: int, dtype, impls, reps: dict, rng, head_dim: i
              + (" (host-bound)" if record[f"us_{timing}_host"] > HOST_BOUND * record[f"us_{timing}"] else "")
              for timing in TIMINGS] + [f"(max |diff| vs xla {record['max_abs_diff_vs_xla']:.2e})"])
         print(f"D={head_dim:3d} B={batch:4d} L={length:7d}  {name:15s} {shown}", flush=True)
+    floor, _ = _time(lambda q, k, v, n: q + 1, (q, k, v, n), reps["call"], "call")
+    for record in records:
+        if "error" not in record:
+            record["us_call_dispatch_floor"] = floor * 1e6
+    print(f"{'':32s}host dispatch floor (a jitted q + 1 on the same operands): call {floor * 1e6:.1f} us", flush=True)
     _compare_to_peers(records, copy_gb_per_s)
     return records
 

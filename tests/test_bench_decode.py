@@ -27,6 +27,7 @@ def test_every_implementation_gets_every_timing():
     for r in records:
         assert "error" not in r, r
         assert r["max_abs_diff_vs_xla"] <= bench_decode.TOLERANCE["float32"]
+        assert r["us_call_dispatch_floor"] == records[0]["us_call_dispatch_floor"] > 0
         for timing in bench_decode.TIMINGS:
             assert 0 < r[f"us_{timing}_host"] <= r[f"us_{timing}"]
             assert r[f"gb_per_s_{timing}"] == pytest.approx(kv_bytes / r[f"us_{timing}"] / 1e3)
