@@ -80,12 +80,13 @@ if has sanitizer; then
   done
 fi
 if has decode; then
-  nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I "$repo/csrc" "$repo/tests/cuda/decode_harness.cu" \
-    "$repo/csrc/cuda/decode_split.cu" "$repo/csrc/cuda/decode_kv_update.cu" -o /tmp/decode_harness \
-    && /tmp/decode_harness >"$out/decode_harness.log" 2>&1
+  # Built by the one recipe the copy A/B uses too (its "main" variant: the tree unchanged).
+  harness=/tmp/decode_harness_build/decode_harness_main
+  python3 "$repo/tests/cuda/decode_copy_variants.py" build "$(dirname "$harness")" main \
+    && "$harness" >"$out/decode_harness.log" 2>&1
   elapsed "decode harness exit $?: $(tail -n 1 "$out/decode_harness.log")"
   # Its correctness cases again, under memcheck (the decode cases of the sanitizer step go through JAX).
-  compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/decode_harness --check-only \
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$harness" --check-only \
     >"$out/decode_harness_memcheck.log" 2>&1
   elapsed "decode harness memcheck exit $?: $(grep -E 'SUMMARY' "$out/decode_harness_memcheck.log")"
 fi

@@ -11,9 +11,8 @@
 //    dependent ("/pdl"), then with the splits combined in thread-block clusters ("/cluster"; split counts printed
 //    "(2c)" where a plan uses them); then the fastest variant per case and, on the last line, the best-scoring
 //    variant among the correct ones: what kDefaultDecodeTuning should be.
-// Build and run from the repo root:
-//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I csrc tests/cuda/decode_harness.cu \
-//        csrc/cuda/decode_split.cu csrc/cuda/decode_kv_update.cu -o /tmp/decode_harness && /tmp/decode_harness
+// Build (needs nvcc, no GPU) and run from the repo root:
+//   python tests/cuda/decode_copy_variants.py build /tmp/dh main && /tmp/dh/decode_harness_main
 // `--check-only` skips the copy and the sweep (e.g. under compute-sanitizer --tool memcheck); `--head-dim D` sweeps
 // the benchmark cases at head dim D instead of 128 (the targets stay those of 128).
 #include <algorithm>
