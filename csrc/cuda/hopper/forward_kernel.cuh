@@ -57,12 +57,14 @@ struct ForwardKernelParams {
 
 // Pingpong between the two consumer warpgroups: each issues its GEMMs only on its turn and then hands the turn over,
 // so one warpgroup's wgmma runs while the other does its softmax instead of both contending at once. Turns are
-// named barriers (ids 0 and 1 past CUTLASS's reserved ones) of the 256 consumer threads.
+// named barriers (ids 0 and 1 past CUTLASS's reserved ones) of the 256 consumer threads. The turns run on across work
+// tiles: both warpgroups take the same number per tile, so the first warpgroup's first GEMM of the next tile waits
+// only for the second's last P V of this one, and overlaps the second's output store.
 template <int kConsumerWarpgroups>
 struct GemmTurns {
   bool enabled;
   int warpgroup;
-  __device__ void start() const {  // the second warpgroup lets the first go first
+  __device__ void start() const {  // once per kernel: the second warpgroup lets the first go first
     if (enabled && warpgroup == 1) cutlass::arch::NamedBarrier::arrive(2 * 128, 0);
   }
   __device__ void wait_mine() const {
@@ -71,7 +73,7 @@ struct GemmTurns {
   __device__ void pass() const {
     if (enabled) cutlass::arch::NamedBarrier::arrive(2 * 128, warpgroup ^ 1);
   }
-  __device__ void finish() const {  // the first warpgroup takes the last hand-over, so no arrival is left pending
+  __device__ void finish() const {  // once per kernel: the first warpgroup takes the last hand-over, none left pending
     if (enabled && warpgroup == 0) cutlass::arch::NamedBarrier::sync(2 * 128, 0);
   }
 };
@@ -304,7 +306,8 @@ __device__ void store_output_rows(const ForwardKernelParams<Config>& p, typename
 template <class Config>
 __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                              const WorkTile& work, int thread, RingCursor<Config::kStages>& k_cursor,
-                             RingCursor<Config::kStages>& v_cursor, uint32_t q_phase) {
+                             RingCursor<Config::kStages>& v_cursor, uint32_t q_phase,
+                             const GemmTurns<Config::kConsumerWarpgroups>& turns) {
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -394,8 +397,6 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 
   Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
   TileTicket ticket = TileTicket::read(&smem.tickets[k_cursor.stage]);
-  const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
-  turns.start();
   Barrier::wait(&smem.q_full, q_phase);
   // The first tile: its scores alone, no P V in flight yet.
   turns.wait_mine();
@@ -445,7 +446,6 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   warpgroup_fence_operand(tOrO);
   Barrier::arrive(&smem.v_empty[v_cursor.stage]);
   v_cursor.advance();
-  turns.finish();
 
   float inverse_sum[kRows], lse[kRows];
   softmax.finish(inverse_sum, lse);
@@ -479,17 +479,20 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 template <class Config>
 __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int thread) {
   RingCursor<Config::kStages> k_cursor, v_cursor;
+  const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
+  turns.start();
   for (uint32_t q_phase = 0;; q_phase ^= 1) {
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     const WorkTicket ticket = WorkTicket::read(&smem.work);
     if (ticket.is_done()) {
+      turns.finish();
       // The output buffers stay in use until their last stores have read them.
       if (Config::kStagedOutput && thread % 128 == 0) tma_store_wait<0>();
       return;
     }
     const WorkTile work = p.order.tile(ticket.index());
     if (ticket.has_keys()) {
-      consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_phase);
+      consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_phase, turns);
     } else {
       cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
       write_empty_rows<Config>(p, work, thread);
