@@ -91,8 +91,13 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   // head_dim; the warpgroup goes on to its next work tile while the store drains. Otherwise the consumers store
   // their registers directly (accumulator_store.cuh).
   static constexpr uint32_t kOutputBytes = kConsumerWarpgroups * 64 * kHeadDim * sizeof(Output);
-  // 4096: room for the barriers, tickets and staged key tokens beside the tiles.
-  static constexpr bool kStagedOutput = kQBytes + 2 * kStages * kKVBytes + kOutputBytes + 4096 <= 227 * 1024;
+  // 3072: room for the barriers, tickets and staged key tokens beside the tiles.
+  static constexpr int kSmemBudget = 227 * 1024 - 3072;
+  // Two query buffers where they fit beside staged output: the producer then loads the next work tile's queries
+  // (and its first keys) while the consumers still run this one's last Q K^T, instead of after it, so short work
+  // tiles (short or causal sequences, packed documents) do not start by waiting for a load.
+  static constexpr int kQBuffers = 2 * kQBytes + 2 * kStages * kKVBytes + kOutputBytes <= kSmemBudget ? 2 : 1;
+  static constexpr bool kStagedOutput = kQBuffers * kQBytes + 2 * kStages * kKVBytes + kOutputBytes <= kSmemBudget;
   using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Output, 64, kHeadDim, 1>{}));
   // One warpgroup's share of the P V product: the layout its accumulator fragment has, for the shared-memory copy.
   using MmaPVWarpgroup = decltype(make_tiled_mma(
@@ -101,20 +106,20 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   using TmaOutput = decltype(make_tma_copy(SM90_TMA_STORE{}, GlobalTensor<Output>{}, SmemLayoutOutput{}));
 
   struct SharedStorage {
-    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    alignas(1024) array_aligned<Element, kQBuffers * cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     alignas(1024) array_aligned<Output, kStagedOutput ? kConsumerWarpgroups * cosize_v<SmemLayoutOutput> : 1, 1024>
         output;
-    uint64_t q_full;
-    uint64_t q_empty;
+    uint64_t q_full[kQBuffers];
+    uint64_t q_empty[kQBuffers];
     uint64_t k_full[kStages];
     uint64_t k_empty[kStages];
     uint64_t v_full[kStages];
     uint64_t v_empty[kStages];
     int tickets[kStages];  // what each stage holds (tile_tickets.cuh)
     int2 key_tokens[kStages][kBlockN];  // a partial tile's key (segment id, position), under a token mask
-    int work;              // the work tile of the query buffer (work_tiles.cuh)
+    int work[kQBuffers];   // the work tile of each query buffer (work_tiles.cuh)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

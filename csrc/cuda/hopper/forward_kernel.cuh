@@ -1,7 +1,7 @@
 // The Hopper forward kernel, persistent: one CTA per SM runs (query tile, head, batch) work tiles from work_tiles.cuh
 // until none is left. Warpgroup 0 is the producer: one thread issues TMA loads of each work tile's query tile (into
-// one buffer guarded by a "full" and an "empty" mbarrier, so the next query tile loads while the consumers finish
-// the last one's P V and write its output) and of key/value tiles into a ring of kStages buffers, each guarded by a
+// kQBuffers buffers taken in turn, each guarded by a "full" and an "empty" mbarrier, so the next query tile loads
+// while the consumers finish the last one) and of key/value tiles into a ring of kStages buffers, each guarded by a
 // "full" mbarrier (TMA bytes landed) and an "empty" one (every consumer thread is done reading). The consumer
 // warpgroups each own 64 query rows and run
 //   S_j = Q K_j^T  (wgmma, async)  |  O += P_{j+1} V_{j+1}  (wgmma, async)  |  softmax(S_j) while the latter runs,
@@ -104,21 +104,38 @@ __device__ __forceinline__ TokenRow key_tokens(const Params& p, int batch) {
                                 p.tokens.kv_chunks, p.seqlen_k, batch);
 }
 
-// The producer's place in the key/value ring and in the query buffer's handovers, carried across work tiles.
-struct ProducerState {
+// Position in a ring of buffers (the key/value stages, or the query buffers): which buffer, and the parity of the
+// phase of the barrier waited on next.
+template <int kStages>
+struct RingCursor {
   int stage = 0;
-  uint32_t phase = 1;    // a fresh "empty" barrier counts as released once
-  uint32_t q_phase = 1;  // likewise for the query buffer's
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The producer's place in the key/value ring and in the query buffers' handovers, carried across work tiles. It
+// waits on "empty" barriers, and a fresh one counts as released once.
+template <class Config>
+struct ProducerState {
+  RingCursor<Config::kStages> kv{0, 1};
+  RingCursor<Config::kQBuffers> q{0, 1};
 };
 
 // One work tile's loads, run by the producer warpgroup's first warp: lane 0 issues them, and under a token mask every
 // lane helps classify key tiles.
 template <class Config>
 __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
-                             int work_index, ProducerState& state) {
+                             int work_index, ProducerState<Config>& state) {
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   const WorkTile work = p.order.tile(work_index);
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+  using SmemLayoutQ = typename Config::SmemLayoutQ;
+  const int q_buffer = state.q.stage;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data() + q_buffer * cosize_v<SmemLayoutQ>), SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutV{});
   Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, work.head, work.batch),
@@ -141,38 +158,37 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
   auto v_copy = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
   const bool leader = threadIdx.x == 0;
-  // Announces the work tile once the consumers are done with the previous query tile, and loads its queries.
+  // Announces the work tile once the consumers are done with the query tile that last used its buffer, and loads
+  // its queries. Every lane keeps the buffer cursor; lane 0 alone waits, posts and issues.
   auto start_work = [&](bool has_keys) {
+    const uint32_t q_phase = state.q.phase;
+    state.q.advance();
     if (!leader) return;
-    cutlass::arch::ClusterBarrier::wait(&smem.q_empty, state.q_phase);
-    state.q_phase ^= 1;
-    WorkTicket::make(work_index, has_keys).post(&smem.work);
-    if (!has_keys) return cutlass::arch::ClusterBarrier::arrive(&smem.q_full);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
-    copy(p.tma_q.with(smem.q_full), get<0>(q_copy), get<1>(q_copy));
+    cutlass::arch::ClusterBarrier::wait(&smem.q_empty[q_buffer], q_phase);
+    WorkTicket::make(work_index, has_keys).post(&smem.work[q_buffer]);
+    if (!has_keys) return cutlass::arch::ClusterBarrier::arrive(&smem.q_full[q_buffer]);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full[q_buffer], Config::kQBytes);
+    copy(p.tma_q.with(smem.q_full[q_buffer]), get<0>(q_copy), get<1>(q_copy));
   };
   // Run by every lane: each keeps the ring position, waits for the stage's release and arrives on its "full"
   // barrier, which completes once all producer lanes have arrived and the TMA bytes have landed. What the lanes
   // write beside K in between (`write_key_tokens`) is thereby ordered after the consumers' last reads of the stage
   // and published with K, each lane through its own wait and arrival. Lane 0 alone posts the ticket and issues.
   auto load_keys_and_values = [&](TileTicket ticket, auto&& write_key_tokens) {
-    const int n = ticket.tile(), stage = state.stage;
-    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.phase);
+    const int n = ticket.tile(), stage = state.kv.stage;
+    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[stage], state.kv.phase);
     write_key_tokens(stage);
     if (leader) {
       ticket.post(&smem.tickets[stage]);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], Config::kKVBytes);
       copy(p.tma_k.with(smem.k_full[stage]), get<0>(k_copy)(_, n), get<1>(k_copy)(_, stage));
-      cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.phase);
+      cutlass::arch::ClusterBarrier::wait(&smem.v_empty[stage], state.kv.phase);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], Config::kKVBytes);
       copy(p.tma_v.with(smem.v_full[stage]), get<0>(v_copy)(_, n), get<1>(v_copy)(_, stage));
     } else {
       cutlass::arch::ClusterBarrier::arrive(&smem.k_full[stage]);
     }
-    if (++state.stage == Config::kStages) {
-      state.stage = 0;
-      state.phase ^= 1;
-    }
+    state.kv.advance();
   };
   auto no_key_tokens = [](int) {};
 
@@ -221,7 +237,7 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
 // loads for the consumers, so the atomic's round trip hides behind their work.
 template <class Config>
 __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem) {
-  ProducerState state;
+  ProducerState<Config> state;
   const int tiles = p.order.count();
   for (int work = blockIdx.x; work < tiles;) {
     produce_tile<Config>(p, smem, work, state);
@@ -229,24 +245,12 @@ __device__ void produce(const ForwardKernelParams<Config>& p, typename Config::S
     work = __shfl_sync(0xffffffffu, next, 0);
   }
   if (threadIdx.x == 0) {
-    cutlass::arch::ClusterBarrier::wait(&smem.q_empty, state.q_phase);
-    WorkTicket::done().post(&smem.work);
-    cutlass::arch::ClusterBarrier::arrive(&smem.q_full);
+    const int q_buffer = state.q.stage;
+    cutlass::arch::ClusterBarrier::wait(&smem.q_empty[q_buffer], state.q.phase);
+    WorkTicket::done().post(&smem.work[q_buffer]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.q_full[q_buffer]);
   }
 }
-
-// Position in the consumers' walk over the ring: which buffer, and the parity of its "full" barrier's phase.
-template <int kStages>
-struct RingCursor {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
 
 // Rows of a query tile that sees no key: output 0 and lse -inf, written by the consumers without touching the
 // ring.
@@ -306,14 +310,15 @@ __device__ void store_output_rows(const ForwardKernelParams<Config>& p, typename
 template <class Config>
 __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
                              const WorkTile& work, int thread, RingCursor<Config::kStages>& k_cursor,
-                             RingCursor<Config::kStages>& v_cursor, uint32_t q_phase,
+                             RingCursor<Config::kStages>& v_cursor, RingCursor<Config::kQBuffers> q_cursor,
                              const GemmTurns<Config::kConsumerWarpgroups>& turns) {
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   using Barrier = cutlass::arch::ClusterBarrier;
   const int batch = work.batch, head = work.head;
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+  using SmemLayoutQ = typename Config::SmemLayoutQ;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data() + q_cursor.stage * cosize_v<SmemLayoutQ>), SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
   typename Config::MmaQK mma_qk;
@@ -397,7 +402,7 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 
   Barrier::wait(&smem.k_full[k_cursor.stage], k_cursor.phase);
   TileTicket ticket = TileTicket::read(&smem.tickets[k_cursor.stage]);
-  Barrier::wait(&smem.q_full, q_phase);
+  Barrier::wait(&smem.q_full[q_cursor.stage], q_cursor.phase);
   // The first tile: its scores alone, no P V in flight yet.
   turns.wait_mine();
   warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_cursor.stage), tSrS);
@@ -437,7 +442,7 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
     }
     to_operand();
   }
-  Barrier::arrive(&smem.q_empty);  // every Q K^T of this tile is done: the next query tile may load
+  Barrier::arrive(&smem.q_empty[q_cursor.stage]);  // every Q K^T of this tile is done: the buffer may load again
   Barrier::wait(&smem.v_full[v_cursor.stage], v_cursor.phase);
   turns.wait_mine();
   warpgroup_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_cursor.stage), tOrO);
@@ -479,11 +484,12 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
 template <class Config>
 __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int thread) {
   RingCursor<Config::kStages> k_cursor, v_cursor;
+  RingCursor<Config::kQBuffers> q_cursor;
   const GemmTurns<Config::kConsumerWarpgroups> turns{Config::kConsumerWarpgroups == 2 && p.pingpong, thread / 128};
   turns.start();
-  for (uint32_t q_phase = 0;; q_phase ^= 1) {
-    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
-    const WorkTicket ticket = WorkTicket::read(&smem.work);
+  for (;; q_cursor.advance()) {
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_cursor.stage], q_cursor.phase);
+    const WorkTicket ticket = WorkTicket::read(&smem.work[q_cursor.stage]);
     if (ticket.is_done()) {
       turns.finish();
       // The output buffers stay in use until their last stores have read them.
@@ -492,9 +498,9 @@ __device__ void consume(const ForwardKernelParams<Config>& p, typename Config::S
     }
     const WorkTile work = p.order.tile(ticket.index());
     if (ticket.has_keys()) {
-      consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_phase, turns);
+      consume_tile<Config>(p, smem, work, thread, k_cursor, v_cursor, q_cursor, turns);
     } else {
-      cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+      cutlass::arch::ClusterBarrier::arrive(&smem.q_empty[q_cursor.stage]);
       write_empty_rows<Config>(p, work, thread);
     }
   }
@@ -510,8 +516,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     if constexpr (Config::kStagedOutput) cute::prefetch_tma_descriptor(p.tma_output.get_tma_descriptor());
-    cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerThreads);
+    for (int b = 0; b < Config::kQBuffers; ++b) {
+      cutlass::arch::ClusterBarrier::init(&smem.q_full[b], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.q_empty[b], Config::kConsumerThreads);
+    }
     for (int s = 0; s < Config::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.k_full[s], Config::kProducerLanes);
       cutlass::arch::ClusterBarrier::init(&smem.v_full[s], 1);
