@@ -144,3 +144,17 @@ _GPU_LONG_CASES = [
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in _GPU_LONG_CASES])
 def test_forward_and_gradients_long_rows(case, gpu_platform, rng):
     _check_case(case, gpu_platform, rng)
+
+
+# Several times more work tiles than an H200 has SMs (132): each CTA of the persistent Hopper forward takes four or
+# more in turn, so its query buffers (two at head dims 64 and 128) are handed back and loaded again. Short rows keep
+# the float64 reference cheap. On a GPU only.
+_GPU_MANY_TILES_CASES = [
+    Case(300, 300, 32, 8, 128, "bfloat16", is_causal=True, batch=6),  # 3 query tiles x 32 heads x 6 = 576 work tiles
+    Case(257, 400, 24, 24, 64, "float16", batch=8),  # 3 x 24 x 8 = 576
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id()) for c in _GPU_MANY_TILES_CASES])
+def test_forward_and_gradients_many_work_tiles(case, gpu_platform, rng):
+    _check_case(case, gpu_platform, rng)
