@@ -126,6 +126,13 @@ struct ProducerState {
   RingCursor<Config::kQBuffers> q{0, 1};
 };
 
+// Query buffer `buffer` of the kQBuffers, as the producer loads it and the consumers read it.
+template <class Config>
+__device__ __forceinline__ auto query_buffer(typename Config::SharedStorage& smem, int buffer) {
+  using SmemLayoutQ = typename Config::SmemLayoutQ;
+  return make_tensor(make_smem_ptr(smem.q.data() + buffer * cosize_v<SmemLayoutQ>), SmemLayoutQ{});
+}
+
 // One work tile's loads, run by the producer warpgroup's first warp: lane 0 issues them, and under a token mask every
 // lane helps classify key tiles.
 template <class Config>
@@ -133,9 +140,8 @@ __device__ void produce_tile(const ForwardKernelParams<Config>& p, typename Conf
                              int work_index, ProducerState<Config>& state) {
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kHeadDim = Config::kHeadDim;
   const WorkTile work = p.order.tile(work_index);
-  using SmemLayoutQ = typename Config::SmemLayoutQ;
   const int q_buffer = state.q.stage;
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data() + q_buffer * cosize_v<SmemLayoutQ>), SmemLayoutQ{});
+  Tensor sQ = query_buffer<Config>(smem, q_buffer);
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutV{});
   Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, work.head, work.batch),
@@ -317,8 +323,7 @@ __device__ void consume_tile(const ForwardKernelParams<Config>& p, typename Conf
   using Barrier = cutlass::arch::ClusterBarrier;
   const int batch = work.batch, head = work.head;
 
-  using SmemLayoutQ = typename Config::SmemLayoutQ;
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data() + q_cursor.stage * cosize_v<SmemLayoutQ>), SmemLayoutQ{});
+  Tensor sQ = query_buffer<Config>(smem, q_cursor.stage);
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
   typename Config::MmaQK mma_qk;
