@@ -7,15 +7,16 @@
 (--groups picks some of dense, long, tokens, decode and fp8, run in the order named: racecheck over the whole matrix
 can outlast one device call.)
 
-Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap,
-GQA and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that
-leave tiles empty, partial and full. The last case of each list has more work tiles (144) than an H200 has SMs
-(132), so some CTAs of the persistent Hopper forward take two, handing their query buffer over; they are kept small
-because racecheck's cost grows with every shared-memory access. Then decode: contiguous and paged caches written
-by update_kv_cache (rows aimed past the capacity among them, which it drops), ragged lengths from 0 to the capacity,
-q_len 1 to 4, GQA, a window and a softcap, and one cache long enough for the key axis to be split across blocks.
-Every cache entry past a sequence's length holds a zero key and a value of 60000: attention output is a convex
-combination of the values it reads, so a read of such an entry shows as an output beyond the valid values' range.
+Odd lengths (partial tiles at both ends), every head-dim bucket plus padded head dims, causal, windows, softcap, GQA
+and Sq != Sk, forward and backward, fp16 and bf16, then token masks (segment ids, positions, lengths) that leave
+tiles empty, partial and full. The last case of each list has more work tiles than an H200 has SMs (132): the token
+one 144, so some CTAs of the persistent Hopper forward take two, and the dense one 288, so some take three and load
+a query buffer (of the two) a second time; they are kept small because racecheck's cost grows with every
+shared-memory access. Then decode: contiguous and paged caches written by update_kv_cache (rows aimed past the
+capacity among them, which it drops), ragged lengths from 0 to the capacity, q_len 1 to 4, GQA, a window and a
+softcap, and one cache long enough for the key axis to be split across blocks. Every cache entry past a sequence's
+length holds a zero key and a value of 60000: attention output is a convex combination of the values it reads, so a
+read of such an entry shows as an output beyond the valid values' range.
 Exits non-zero if a result is not finite (or, for decode, out of that range).
 """
 
@@ -42,7 +43,7 @@ CASES = [
     (190, 77, 2, 1, 160, True, None, None),
     (65, 129, 2, 2, 192, False, None, 5.0),
     (129, 65, 4, 2, 256, True, (30, 0), None),
-    (256, 256, 36, 6, 64, True, None, None),
+    (384, 384, 48, 8, 64, True, None, None),
 ]
 
 # Long enough (seq_q >= 2048) for the Hopper kernels chosen only on long rows: the backward that accumulates dq inside
