@@ -66,12 +66,10 @@ struct BackwardConfig : WarpRoles<kResident_ / 64> {
     alignas(128) float lse[kStages][kStreamed];    // key-gradient kernel only
     alignas(128) float delta[kStages][kStreamed];
     uint64_t resident_full;
-    uint64_t resident_empty;  // the consumers' last GEMM of a work tile has read the resident rows
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int tickets[kStages];       // what each stage holds (tile_tickets.cuh)
     int head_offsets[kStages];  // key-major: which query head of the KV group the stage's queries belong to
-    int works[kStages];         // the work tile the stage belongs to (work_tiles.cuh), or -1: the CTA is done
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one Hopper SM has");

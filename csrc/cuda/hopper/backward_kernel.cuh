@@ -6,9 +6,7 @@
 //   fused       (all):    the key-major kernel that also adds each streamed tile's dQ = dS K into a float32 sum
 //                         (query_gradient_sum.cuh: a shared block per tile, bulk-added by a producer-side warp), so no
 //                         query-major kernel runs (not bitwise deterministic).
-// with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. The grid is
-// persistent, one CTA per SM taking work tiles (a block of resident rows of one head) from a counter as the forward
-// does (work_tiles.cuh), so that a CTA's stores of one tile's gradients run under its loads of the next. A producer
+// with P = exp2(S * scale_log2 - lse_log2) and dS = P (dP - delta), times the soft-cap slope when capped. A producer
 // warpgroup streams the second operand pair through the TMA ring; rows/keys past the sequence load as zeros, so
 // they add nothing to the stored gradients and need no mask. As in the forward, the producer picks the streamed tiles
 // and announces each with a ticket (tile_tickets.cuh): a dense range (also under a mask of lengths alone, over each
@@ -53,8 +51,6 @@ struct BackwardKernelParams {
   void* grad_a;  // dK (key-major) or dQ, [batch, rows, heads, head_dim]
   void* grad_b;  // dV (key-major)
   float* query_gradient_sum;  // fused: tiled as query_gradient_sum.cuh says, zeroed before the launch
-  WorkOrder order;            // the (resident block, head, batch) work tiles of the persistent grid
-  int* work_counter;          // zeroed before the launch (work_tiles.cuh)
   int seqlen_q, seqlen_k, heads_q, group, head_dim, padded_seqlen_q;
   AttentionMask mask;
   TokenMask tokens;  // with its chunk summaries; none of it set for dense calls
@@ -94,34 +90,10 @@ __device__ __forceinline__ bool lengths_only(const TokenMask& tokens) {
   return !tokens.q_segment_ids && !tokens.q_positions;  // ids and positions come in (query, key) pairs
 }
 
-// The producer's place in the ring and in the resident rows' handovers, carried across work tiles. It waits on
-// "empty" barriers, and a fresh one counts as released once.
-template <class Config>
-struct BackwardProducerState {
-  RingCursor<Config::kStages> ring{0, 1};
-  uint32_t resident_phase = 1;
-};
-
-// A stage that holds no tile: after a work tile's last (when the walk could not tell it was the last) or in place
-// of an empty walk's tiles, or with work -1 when the CTA has no work tile left. Posted by the leading lane.
-template <class Config>
-__device__ void post_end_stage(typename Config::SharedStorage& smem, BackwardProducerState<Config>& state, int work) {
-  const int stage = state.ring.stage;
-  cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], state.ring.phase);
-  TileTicket::none().post(&smem.tickets[stage]);
-  publish(&smem.works[stage], work);
-  cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-  state.ring.advance();
-}
-
-// One work tile's loads, run by the producer warpgroup's first warp: lane 0 issues them, and under a token mask every
-// lane helps walk the tiles.
 template <bool kKeyMajor, class Config>
-__device__ void produce_work(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem, int work,
-                             BackwardProducerState<Config>& state) {
+__device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
+                                 int resident_block, int head, int batch) {
   constexpr int kResident = Config::kResident, kStreamed = Config::kStreamed, kHeadDim = Config::kHeadDim;
-  const WorkTile work_tile = p.order.tile(work);
-  const int resident_block = work_tile.m_block, head = work_tile.head, batch = work_tile.batch;
   Tensor sRa = make_tensor(make_smem_ptr(smem.resident_a.data()), take<0, 2>(typename Config::ResidentLayout{}));
   Tensor sRb = make_tensor(make_smem_ptr(smem.resident_b.data()), take<0, 2>(typename Config::ResidentLayout{}));
   Tensor sSa = make_tensor(make_smem_ptr(smem.streamed_a.data()), typename Config::StreamedLayout{});
@@ -131,10 +103,7 @@ __device__ void produce_work(const BackwardKernelParams<Config>& p, typename Con
     return local_tile(tma.get_tma_tensor(p.shape_resident)(_, _, head, batch),
                       Shape<Int<kResident>, Int<kHeadDim>>{}, make_coord(resident_block, _0{}));
   };
-  // Once the consumers' last GEMM of the previous work tile has read the rows it replaces.
   auto load_resident = [&] {
-    cutlass::arch::ClusterBarrier::wait(&smem.resident_empty, state.resident_phase);
-    state.resident_phase ^= 1;
     auto [tRgA, tRsA] = tma_partition(p.tma_resident_a, _0{}, Layout<_1>{}, group_modes<0, 2>(sRa),
                                       group_modes<0, 2>(resident_tile(p.tma_resident_a)));
     auto [tRgB, tRsB] = tma_partition(p.tma_resident_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sRb),
@@ -148,6 +117,8 @@ __device__ void produce_work(const BackwardKernelParams<Config>& p, typename Con
   Tensor sLse = make_tensor(make_smem_ptr(&smem.lse[0][0]), stats_layout);
   Tensor sDelta = make_tensor(make_smem_ptr(&smem.delta[0][0]), stats_layout);
   constexpr uint32_t kStepBytes = 2 * Config::kStreamedBytes + (kKeyMajor ? 2 * Config::kStatsBytes : 0);
+  int stage = 0;
+  uint32_t phase = 1;  // a fresh "empty" barrier counts as released once
   // One ring stage: the streamed tile of the KV group's query head `head_offset` (key-major), or of the KV head.
   auto load_step = [&](int head_offset, TileTicket ticket) {
     const int tile = ticket.tile();
@@ -161,11 +132,9 @@ __device__ void produce_work(const BackwardKernelParams<Config>& p, typename Con
                                       group_modes<0, 2>(streamed_tile(p.tma_streamed_a)));
     auto [tSgB, tSsB] = tma_partition(p.tma_streamed_b, _0{}, Layout<_1>{}, group_modes<0, 2>(sSb),
                                       group_modes<0, 2>(streamed_tile(p.tma_streamed_b)));
-    const int stage = state.ring.stage;
-    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], state.ring.phase);
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
     ticket.post(&smem.tickets[stage]);
     publish(&smem.head_offsets[stage], head_offset);
-    publish(&smem.works[stage], work);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], kStepBytes);
     copy(p.tma_streamed_a.with(smem.full[stage]), tSgA, tSsA(_, stage));
     copy(p.tma_streamed_b.with(smem.full[stage]), tSgB, tSsB(_, stage));
@@ -179,9 +148,18 @@ __device__ void produce_work(const BackwardKernelParams<Config>& p, typename Con
       copy(p.tma_lse.with(smem.full[stage]), tLg, tLs(_, stage));
       copy(p.tma_delta.with(smem.full[stage]), tDg, tDs(_, stage));
     }
-    state.ring.advance();
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
   };
-  auto post_end = [&] { post_end_stage<Config>(smem, state, work); };
+  // A stage that holds no tile and ends the consumers' loops: the whole walk when it finds no tile, or after a token
+  // walk's last tile (posted before the walk knew it was the last).
+  auto post_end = [&] {
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+    TileTicket::none().post(&smem.tickets[stage]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+  };
 
   const bool leader = threadIdx.x == 0;
   const int resident_begin = resident_block * kResident;
@@ -262,20 +240,6 @@ __device__ void produce_work(const BackwardKernelParams<Config>& p, typename Con
   }
 }
 
-// The producer's loop over work tiles, as the forward's (forward_kernel.cuh): lane 0 takes the next index once it has
-// issued this one's last load, and the CTA's end is a stage with work -1.
-template <bool kKeyMajor, class Config>
-__device__ void produce_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem) {
-  BackwardProducerState<Config> state;
-  const int works = p.order.count();
-  for (int work = blockIdx.x; work < works;) {
-    produce_work<kKeyMajor, Config>(p, smem, work, state);
-    const int next = threadIdx.x == 0 ? int(gridDim.x) + atomicAdd(p.work_counter, 1) : 0;
-    work = __shfl_sync(0xffffffffu, next, 0);
-  }
-  if (threadIdx.x == 0) post_end_stage<Config>(smem, state, -1);
-}
-
 // stmatrix .x4: four 8 x 8 matrices of 16-bit values, each thread giving one row's shared-memory address.
 __device__ __forceinline__ void store_matrices_x4(uint32_t address, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(a), "r"(b),
@@ -298,7 +262,7 @@ __device__ __forceinline__ void store_shared_if(bool predicate, int64_t* slot, i
 
 template <BackwardRole kRole, bool kCapped, class Config>
 __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename Config::SharedStorage& smem,
-                                 int thread) {
+                                 int resident_block, int head, int batch, int thread) {
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   // gradient A is dK or dQ (needs dS, hence dP); gradient B is dV (needs only P).
   constexpr bool kGradientA = kRole != BackwardRole::kValues;
@@ -342,6 +306,10 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
   Tensor coord_rows = make_tensor(coords.data(), accumulator_rows(coords.layout()));
   Tensor score_rows = make_tensor(tS.data(), accumulator_rows(tS.layout()));
   Tensor score_gradient_rows = make_tensor(tdP.data(), accumulator_rows(tdP.layout()));
+  // The fences keep the zeroing ahead of the first scores' GEMMs: sunk below them, it made ptxas wait for those
+  // GEMMs at the loop's entry (C7517) in the query-major kernel.
+  if constexpr (kGradientA) clear(tGradA), warpgroup_fence_operand(tGradA);
+  if constexpr (kGradientB) clear(tGradB), warpgroup_fence_operand(tGradB);
   // Fused: dS^T goes to a shared buffer (by tile parity) as written by the score accumulator's layout, and each
   // warpgroup reads it back as the A operand of its half of dQ = dS K.
   auto fused_queries = [&] {
@@ -378,7 +346,23 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     }
   }();
 
+  const int resident_begin = resident_block * kResident;
+  const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
+  const int resident_end = min(resident_begin + kResident, resident_rows);
+  // Query-major rows keep their lse and delta in registers; key-major ones read theirs per streamed tile.
+  float row_lse[2] = {0.f, 0.f}, row_delta[2] = {0.f, 0.f};
+  if constexpr (!kKeyMajor) {
+    const int64_t base = (int64_t(batch) * p.heads_q + head) * p.padded_seqlen_q;
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int row = resident_begin + get<0>(coord_rows(r, 0));
+      row_lse[r] = p.lse_log2[base + row];
+      row_delta[r] = p.delta[base + row];
+    }
+  }
+
   const float cap_input_scale = p.mask.softcap > 0.f ? p.scale / p.mask.softcap : 0.f;
+  const int live_keys = key_tokens(p, batch).live;  // the element mask's key limit
   // Software pipeline: the scores and dP of the next streamed tile are issued right behind this tile's gradient
   // GEMMs, so the tensor cores have queued work while the warpgroup waits; P and dS (16-bit registers) stay
   // untouched until every GEMM reading them has retired. It keeps the scores, P/dS and the gradients live at once,
@@ -401,9 +385,13 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
     Barrier::wait(&smem.full[stage], phase);
     return TileTicket::read(&smem.tickets[stage]);
   };
+  TileTicket ticket = wait_for_ticket();
   [[maybe_unused]] int ticket_parity = 0;  // fused: which dS buffer this tile uses
+  // Fused: where the dQ sum's blocks of this CTA's KV group start (first query head, first tile), in floats.
   constexpr int64_t kSumBlockFloats = kSumTileRows * (kHeadDim + kSumRowPad);
   [[maybe_unused]] const int sum_tiles = sum_query_tiles(p.seqlen_q);
+  [[maybe_unused]] const int64_t first_sum_target =
+      sum_block(batch, head * p.group, 0, p.heads_q, sum_tiles) * kSumBlockFloats;
   [[maybe_unused]] uint32_t sum_phase = 1;  // fused: the dQ block's "empty" barrier; a fresh one counts as released
   // Fused: this tile's dQ block to shared memory and its place in the sum (or -1: no more) for the dQ writer.
   auto hand_over_query_gradient = [&](auto const& block, int64_t target) {
@@ -423,198 +411,154 @@ __device__ void consume_backward(const BackwardKernelParams<Config>& p, typename
       Barrier::arrive(&smem.query_gradient_full);
     }
   };
-  uint32_t resident_phase = 0;
-  for (;;) {  // over work tiles; a stage of work -1 ends the CTA (and is never reused)
-    TileTicket ticket = wait_for_ticket();
-    const int work = read_published(&smem.works[stage]);
-    if (work < 0) break;
-    const WorkTile work_tile = p.order.tile(work);
-    const int resident_block = work_tile.m_block, head = work_tile.head, batch = work_tile.batch;
-    const int resident_begin = resident_block * kResident;
-    const int resident_rows = kKeyMajor ? p.seqlen_k : p.seqlen_q;
-    const int resident_end = min(resident_begin + kResident, resident_rows);
-    // Query-major rows keep their lse and delta in registers; key-major ones read theirs per streamed tile.
-    float row_lse[2] = {0.f, 0.f}, row_delta[2] = {0.f, 0.f};
-    if constexpr (!kKeyMajor) {
-      const int64_t base = (int64_t(batch) * p.heads_q + head) * p.padded_seqlen_q;
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int row = resident_begin + get<0>(coord_rows(r, 0));
-        row_lse[r] = p.lse_log2[base + row];
-        row_delta[r] = p.delta[base + row];
-      }
-    }
+  if (!ticket.is_none()) {
+    Barrier::wait(&smem.resident_full, 0);
+    if constexpr (kPipelined) issue_scores(stage);
+  }
+  while (!ticket.is_none()) {
+    if constexpr (!kPipelined) issue_scores(stage);
+    // The scores' batch was issued before dP's. Where dS can wait (kDeferredScoreGradients), the exponentials need
+    // only S: waiting for all but the newest batch leaves dP's GEMM running under them, and dS is formed later,
+    // under dV's GEMM. Otherwise P and dS are formed in one pass once both products have landed.
+    warpgroup_wait<kDeferredScoreGradients ? 1 : 0>();
+    warpgroup_fence_operand(tS);
+    if constexpr (!kDeferredScoreGradients) warpgroup_fence_operand(tdP);
 
-    const int live_keys = key_tokens(p, batch).live;  // the element mask's key limit
-    // Fused: where the dQ sum's blocks of this work tile's KV group start (first query head, first tile), in floats.
-    [[maybe_unused]] const int64_t first_sum_target =
-        sum_block(batch, head * p.group, 0, p.heads_q, sum_tiles) * kSumBlockFloats;
-    // The fences keep the zeroing ahead of the first scores' GEMMs: sunk below them, it made ptxas wait for those
-    // GEMMs at the loop's entry (C7517) in the query-major kernel.
-    if constexpr (kGradientA) clear(tGradA), warpgroup_fence_operand(tGradA);
-    if constexpr (kGradientB) clear(tGradB), warpgroup_fence_operand(tGradB);
-    const bool has_tiles = !ticket.is_none();
-    bool end_stage = !has_tiles;  // a stage that holds no tile ends this work tile: released below
-    if (has_tiles) {
-      Barrier::wait(&smem.resident_full, resident_phase);
-      resident_phase ^= 1;
-      if constexpr (kPipelined) issue_scores(stage);
-    }
-    while (!ticket.is_none()) {
-      if constexpr (!kPipelined) issue_scores(stage);
-      // The scores' batch was issued before dP's. Where dS can wait (kDeferredScoreGradients), the exponentials need
-      // only S: waiting for all but the newest batch leaves dP's GEMM running under them, and dS is formed later,
-      // under dV's GEMM. Otherwise P and dS are formed in one pass once both products have landed.
-      warpgroup_wait<kDeferredScoreGradients ? 1 : 0>();
-      warpgroup_fence_operand(tS);
-      if constexpr (!kDeferredScoreGradients) warpgroup_fence_operand(tdP);
-
-      const int streamed_begin = ticket.tile() * kStreamed;
-      const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
-      const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
-      const bool straddles = ticket.masking() == TileMasking::kWindow;
-      const TileMask tile_mask(p.mask, live_keys, query_begin, key_begin);
-      // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
-      auto lse_of = [&](int i, int streamed) { return kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2]; };
-      auto delta_of = [&](int i, int streamed) {
-        return kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
-      };
-      // P (and, capped, dS) elementwise, straight-line code: the mask test is int32 compares on tile-relative
-      // coordinates (a branch and a division per element made the loop overflow the instruction cache). Tiles that
-      // need no mask (most of them) take a version of the loop without the test, chosen once per tile.
-      auto probabilities = [&](auto masked) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tS); ++i) {
-          const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
-          float score = tS(i);
-          [[maybe_unused]] float slope = 1.f;  // unused where dS is formed later (uncapped)
-          if constexpr (kCapped) {
-            const float t = tensor_core::tanh_fast(score * cap_input_scale);
-            score = p.mask.softcap * t;
-            slope = 1.f - t * t;
-          }
-          float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
-          if constexpr (decltype(masked)::value) {
-            const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
-            probability = straddles && !visible ? 0.f : probability;  // capped tiles take this version unmasked too
-          }
-          tS(i) = probability;
-          if constexpr (kGradientA && !kDeferredScoreGradients)
-            tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
-        }
-      };
-      if constexpr (kCapped) {
-        probabilities(cute::true_type{});  // one version: a second costs the capped loops registers (spills)
-      } else if (straddles) {
-        probabilities(cute::true_type{});
-      } else {
-        probabilities(cute::false_type{});
-      }
-      uint64_t visible_entries = 0;
-      if (ticket.masking() == TileMasking::kTokens) {
-        const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
-        visible_entries = visible_token_entries<kKeyMajor>(
-            coord_rows, kKeyMajor ? key_row : query_row, resident_begin, kKeyMajor ? query_row : key_row,
-            streamed_begin, p.mask);
-        hide_entries(score_rows, visible_entries, 0.f);
-        if constexpr (kGradientA && !kDeferredScoreGradients) hide_entries(score_gradient_rows, visible_entries, 0.f);
-      }
-      if constexpr (kGradientB) {
-        convert_fragment(tS, tP);
-        warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
-      }
-      if constexpr (kGradientA) {
-        if constexpr (kDeferredScoreGradients) {
-          warpgroup_wait<kGradientB ? 1 : 0>();  // dP has landed; dV's GEMM runs on
-          warpgroup_fence_operand(tdP);
-          CUTE_UNROLL
-          for (int i = 0; i < size(tS); ++i) tdP(i) = tS(i) * (tdP(i) - delta_of(i, get<1>(coords(i))));
-          if (ticket.masking() == TileMasking::kTokens) hide_entries(score_gradient_rows, visible_entries, 0.f);
-        }
-        convert_fragment(tdP, tdS);
-        // Fused: dS^T to shared memory now, before a wgmma reads the registers (reading them while one is in flight
-        // is undefined); made visible to the wgmma's async proxy.
-        if constexpr (kFused) {
-          // stmatrix: eight rows of 16 bytes per instruction; queries are contiguous in the buffer, as in the
-          // accumulator's rows of dS^T.
-          const uint32_t first_row = score_gradient_row + ticket_parity * Config::kScoreGradientBufferBytes;
-          Tensor source = score_gradient_copy.retile_S(make_tensor(tdS.data(), tdP.layout()));  // ((8, 4), 1, 1)
-          CUTE_UNROLL
-          for (int j = 0; j < size<0, 1>(source); ++j) {
-            Tensor values = recast<uint32_t>(source(make_coord(_, j), 0, 0));
-            store_matrices_x4(first_row ^ (j * Config::kScoreGradientStoreStep), values(0), values(1), values(2),
-                              values(3));
-          }
-          cutlass::arch::fence_view_async_shared();
-        }
-        if constexpr (kFused) {
-          // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
-          // buffer's previous contents). dQ's GEMM goes before dK's, so its block is handed over while dK's runs.
-          cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
-          warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
-                                   get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
-        }
-        warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
-      }
-      if constexpr (kFused) {
-        warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
-        warpgroup_fence_operand(get<3>(fused_queries));
-        // The stage's query head is head * group + its offset (sum_block is linear in the head and the tile).
-        const int block = read_published(&smem.head_offsets[stage]) * sum_tiles + ticket.tile();
-        hand_over_query_gradient(get<3>(fused_queries), first_sum_target + int64_t(block) * kSumBlockFloats);
-        ticket_parity ^= 1;
-      }
-      const int this_stage = stage;
-      if (++stage == Config::kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-      const TileTicket next = ticket.last() ? TileTicket::none() : wait_for_ticket();
-      end_stage = next.is_none() && !ticket.last();
-      if (kPipelined && !next.is_none()) {
-        issue_scores(stage);
-        warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
-      } else {
-        warpgroup_wait<0>();
-      }
-      Barrier::arrive(&smem.empty[this_stage]);
-      ticket = next;
-    }
-    // The loop leaves only after a full wait, but ptxas cannot tell that path from the pipelined one and would inject
-    // a wait of its own (warning C7517) before the stores below; this one costs the same and says so.
-    warpgroup_wait<0>();
-    // The resident rows are free for the next work tile's loads, which then run under this one's stores.
-    if (has_tiles) Barrier::arrive(&smem.resident_empty);
-    if (end_stage) {
-      Barrier::arrive(&smem.empty[stage]);
-      if (++stage == Config::kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
-    if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
-
-    // Gradient rows: keys [batch, seqlen_k, heads_kv, head_dim] or queries [batch, seqlen_q, heads_q, head_dim].
-    const int heads = kKeyMajor ? p.heads_q / p.group : p.heads_q;
-    auto row_pointer = [&](void* base) {
-      return [=](int row) {
-        return static_cast<Element*>(base) +
-               ((int64_t(batch) * resident_rows + resident_begin + row) * heads + head) * p.head_dim;
-      };
+    const int streamed_begin = ticket.tile() * kStreamed;
+    const int query_begin = kKeyMajor ? streamed_begin : resident_begin;
+    const int key_begin = kKeyMajor ? resident_begin : streamed_begin;
+    const bool straddles = ticket.masking() == TileMasking::kWindow;
+    const TileMask tile_mask(p.mask, live_keys, query_begin, key_begin);
+    // Accumulator element i sits in row half (i / 2) % 2 of the thread's two rows.
+    auto lse_of = [&](int i, int streamed) { return kKeyMajor ? smem.lse[stage][streamed] : row_lse[(i / 2) % 2]; };
+    auto delta_of = [&](int i, int streamed) {
+      return kKeyMajor ? smem.delta[stage][streamed] : row_delta[(i / 2) % 2];
     };
-    Tensor out_coords = thread_gradient.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kHeadDim>>{}));
-    const float scale = p.scale;
-    if constexpr (kGradientA) {
-      store_accumulator<Element>(tGradA, out_coords, resident_rows - resident_begin, p.head_dim,
-                                 row_pointer(p.grad_a), [=](int) { return scale; });
+    // P (and, capped, dS) elementwise, straight-line code: the mask test is int32 compares on tile-relative
+    // coordinates (a branch and a division per element made the loop overflow the instruction cache). Tiles that
+    // need no mask (most of them) take a version of the loop without the test, chosen once per tile.
+    auto probabilities = [&](auto masked) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tS); ++i) {
+        const int resident = get<0>(coords(i)), streamed = get<1>(coords(i));
+        float score = tS(i);
+        [[maybe_unused]] float slope = 1.f;  // unused where dS is formed later (uncapped)
+        if constexpr (kCapped) {
+          const float t = tensor_core::tanh_fast(score * cap_input_scale);
+          score = p.mask.softcap * t;
+          slope = 1.f - t * t;
+        }
+        float probability = tensor_core::exp2_fast(fmaf(score, p.scale_log2, -lse_of(i, streamed)));
+        if constexpr (decltype(masked)::value) {
+          const bool visible = tile_mask.visible(kKeyMajor ? streamed : resident, kKeyMajor ? resident : streamed);
+          probability = straddles && !visible ? 0.f : probability;  // capped tiles take this version unmasked too
+        }
+        tS(i) = probability;
+        if constexpr (kGradientA && !kDeferredScoreGradients)
+          tdP(i) = probability * (tdP(i) - delta_of(i, streamed)) * slope;
+      }
+    };
+    if constexpr (kCapped) {
+      probabilities(cute::true_type{});  // one version: a second costs the capped loops registers (spills)
+    } else if (straddles) {
+      probabilities(cute::true_type{});
+    } else {
+      probabilities(cute::false_type{});
+    }
+    uint64_t visible_entries = 0;
+    if (ticket.masking() == TileMasking::kTokens) {
+      const TokenRow query_row = query_tokens(p, batch), key_row = key_tokens(p, batch);
+      visible_entries = visible_token_entries<kKeyMajor>(
+          coord_rows, kKeyMajor ? key_row : query_row, resident_begin, kKeyMajor ? query_row : key_row,
+          streamed_begin, p.mask);
+      hide_entries(score_rows, visible_entries, 0.f);
+      if constexpr (kGradientA && !kDeferredScoreGradients) hide_entries(score_gradient_rows, visible_entries, 0.f);
     }
     if constexpr (kGradientB) {
-      store_accumulator<Element>(tGradB, out_coords, resident_rows - resident_begin, p.head_dim,
-                                 row_pointer(p.grad_b), [](int) { return 1.f; });
+      convert_fragment(tS, tP);
+      warpgroup_gemm<false, -1>(mma_gradient, tP, tSbt(_, _, _, stage), tGradB);  // dV += P^T dO
     }
+    if constexpr (kGradientA) {
+      if constexpr (kDeferredScoreGradients) {
+        warpgroup_wait<kGradientB ? 1 : 0>();  // dP has landed; dV's GEMM runs on
+        warpgroup_fence_operand(tdP);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tS); ++i) tdP(i) = tS(i) * (tdP(i) - delta_of(i, get<1>(coords(i))));
+        if (ticket.masking() == TileMasking::kTokens) hide_entries(score_gradient_rows, visible_entries, 0.f);
+      }
+      convert_fragment(tdP, tdS);
+      // Fused: dS^T to shared memory now, before a wgmma reads the registers (reading them while one is in flight
+      // is undefined); made visible to the wgmma's async proxy.
+      if constexpr (kFused) {
+        // stmatrix: eight rows of 16 bytes per instruction; queries are contiguous in the buffer, as in the
+        // accumulator's rows of dS^T.
+        const uint32_t first_row = score_gradient_row + ticket_parity * Config::kScoreGradientBufferBytes;
+        Tensor source = score_gradient_copy.retile_S(make_tensor(tdS.data(), tdP.layout()));  // ((8, 4), 1, 1)
+        CUTE_UNROLL
+        for (int j = 0; j < size<0, 1>(source); ++j) {
+          Tensor values = recast<uint32_t>(source(make_coord(_, j), 0, 0));
+          store_matrices_x4(first_row ^ (j * Config::kScoreGradientStoreStep), values(0), values(1), values(2),
+                            values(3));
+        }
+        cutlass::arch::fence_view_async_shared();
+      }
+      if constexpr (kFused) {
+        // Both warpgroups' rows of dS are in place (and, by the same barrier a tile ago, both are done reading this
+        // buffer's previous contents). dQ's GEMM goes before dK's, so its block is handed over while dK's runs.
+        cutlass::arch::NamedBarrier::sync(Config::kConsumerThreads, 0);
+        warpgroup_gemm<true, -1>(get<0>(fused_queries), get<1>(fused_queries)(_, _, _, ticket_parity),
+                                 get<2>(fused_queries)(_, _, _, 0), get<3>(fused_queries));
+      }
+      warpgroup_gemm<false, -1>(mma_gradient, tdS, tSat(_, _, _, stage), tGradA);  // dK += dS^T Q, or dQ += dS K
+    }
+    if constexpr (kFused) {
+      warpgroup_wait<1>();  // dV's and dQ's GEMMs retired; dK's runs on
+      warpgroup_fence_operand(get<3>(fused_queries));
+      // The stage's query head is head * group + its offset (sum_block is linear in the head and the tile).
+      const int block = read_published(&smem.head_offsets[stage]) * sum_tiles + ticket.tile();
+      hand_over_query_gradient(get<3>(fused_queries), first_sum_target + int64_t(block) * kSumBlockFloats);
+      ticket_parity ^= 1;
+    }
+    const int this_stage = stage;
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+    const TileTicket next = ticket.last() ? TileTicket::none() : wait_for_ticket();
+    if (kPipelined && !next.is_none()) {
+      issue_scores(stage);
+      warpgroup_wait<kScoreGemms>();  // this tile's gradient GEMMs retired; the next scores may still run
+    } else {
+      warpgroup_wait<0>();
+    }
+    Barrier::arrive(&smem.empty[this_stage]);
+    ticket = next;
   }
+  // The loop leaves only after a full wait, but ptxas cannot tell that path from the pipelined one and would inject
+  // a wait of its own (warning C7517) before the stores below; this one costs the same and says so.
+  warpgroup_wait<0>();
   if constexpr (kFused) hand_over_query_gradient(get<3>(fused_queries), -1);
+  if constexpr (kGradientA) warpgroup_fence_operand(tGradA);
+  if constexpr (kGradientB) warpgroup_fence_operand(tGradB);
+
+  // Gradient rows: keys [batch, seqlen_k, heads_kv, head_dim] or queries [batch, seqlen_q, heads_q, head_dim].
+  const int heads = kKeyMajor ? p.heads_q / p.group : p.heads_q;
+  auto row_pointer = [&](void* base) {
+    return [=](int row) {
+      return static_cast<Element*>(base) +
+             ((int64_t(batch) * resident_rows + resident_begin + row) * heads + head) * p.head_dim;
+    };
+  };
+  Tensor out_coords = thread_gradient.partition_C(make_identity_tensor(Shape<Int<kResident>, Int<kHeadDim>>{}));
+  const float scale = p.scale;
+  if constexpr (kGradientA) {
+    store_accumulator<Element>(tGradA, out_coords, resident_rows - resident_begin, p.head_dim,
+                               row_pointer(p.grad_a), [=](int) { return scale; });
+  }
+  if constexpr (kGradientB) {
+    store_accumulator<Element>(tGradB, out_coords, resident_rows - resident_begin, p.head_dim,
+                               row_pointer(p.grad_b), [](int) { return 1.f; });
+  }
 }
 
 // kCapped: the call has a soft cap (p.mask.softcap > 0). It is a template parameter, not a runtime test, because
@@ -626,9 +570,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
+  const int resident_block = blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;  // a KV head when key-major
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&smem.resident_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.resident_empty, Config::kConsumerThreads);
     for (int s = 0; s < Config::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
       cutlass::arch::ClusterBarrier::init(&smem.empty[s], Config::kConsumerThreads);
@@ -643,13 +588,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (threadIdx.x / 128 == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem);
+    if (threadIdx.x < 32) produce_backward<kKeyMajor, Config>(p, smem, resident_block, head, batch);
     if constexpr (kRole == BackwardRole::kFused) {
       if (threadIdx.x == 32) add_query_gradient_tiles(smem, p.query_gradient_sum);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    consume_backward<kRole, kCapped, Config>(p, smem, threadIdx.x - 128);
+    consume_backward<kRole, kCapped, Config>(p, smem, resident_block, head, batch, threadIdx.x - 128);
   }
 }
 

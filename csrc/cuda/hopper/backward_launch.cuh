@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include "../../attention_params.h"
-#include "../device_attribute.h"
 #include "backward_kernel.cuh"
 #include "backward_rows.cuh"
 #include "hopper.h"
@@ -16,10 +15,9 @@
 
 namespace jax_flash::cuda_kernels::hopper {
 
-// `work_counter`: this launch's own, zeroed on the stream before it.
 template <BackwardRole kRole, class Config>
 cudaError_t launch_backward_role(const AttentionBackwardParams& params, const float* lse_log2, const float* delta,
-                                 float* query_gradient_sum, int* work_counter, cudaStream_t stream) {
+                                 float* query_gradient_sum, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   const AttentionShape& s = params.shape;
@@ -67,19 +65,9 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
 
   const int64_t rows = kKeyMajor ? s.seqlen_k : s.seqlen_q;
-  const int64_t blocks = (rows + Config::kResident - 1) / Config::kResident;
-  const int64_t heads = kKeyMajor ? s.heads_kv : s.heads_q;
-  const int64_t works = blocks * heads * s.batch;
-  if (works == 0) return cudaSuccess;
-  if (works >= INT32_MAX - 65536) return cudaErrorNotSupported;  // work indices are int, counted past the grid
-  // Under a causal mask the first key blocks see the most queries, and the last query blocks the most keys: the
-  // heaviest go first, so the light ones fill in at the end.
-  p.order = WorkOrder{int(blocks), int(heads), int(s.batch), !kKeyMajor && params.mask.window_right >= 0};
-  p.work_counter = work_counter;
-  int sm_count = 0;
-  if (cudaError_t status = device_attribute<cudaDevAttrMultiProcessorCount>(&sm_count); status != cudaSuccess)
-    return status;
-  const dim3 grid(unsigned(works < sm_count ? works : sm_count));
+  const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
+                  unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   auto* kernel =
       params.mask.softcap > 0.f ? &backward_kernel<kRole, true, Config> : &backward_kernel<kRole, false, Config>;
   cudaError_t status =
@@ -100,21 +88,18 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   if (s.heads_q > 65535 || s.batch > 65535 || s.seqlen_q > INT32_MAX - kRowPadding) return cudaErrorNotSupported;
   auto* lse_log2 = static_cast<float*>(workspace);
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
-  int* counters = backward_work_counters(workspace, s);  // one per launch below, in order
-  cudaError_t status = cudaMemsetAsync(counters, 0, kBackwardLaunches * sizeof(int), stream);
-  if (status == cudaSuccess)
-    status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
+  cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);
   static_assert(kKeyPasses == 1 || kKeyPasses == 2);
   if constexpr (kKeyPasses == 1 && KeyConfig::kStreamed == 64 && KeyConfig::kHeadDim == kFusedHeadDim) {
     if (fuses_query_gradient(s, params.deterministic)) {
       // The workspace was sized for sum rows of sum_row_stride(head_dim) floats; this instantiation writes its own.
       if (sum_row_stride(s.head_dim) != KeyConfig::kHeadDim + kSumRowPad) return cudaErrorInvalidValue;
-      const size_t inputs_bytes = backward_inputs_bytes(s);
-      float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(inputs_bytes));
+      const size_t rows_bytes = backward_rows_bytes(s);
+      float* sum = reinterpret_cast<float*>(static_cast<char*>(workspace) + query_gradient_sum_offset(rows_bytes));
       if (status == cudaSuccess) status = cudaMemsetAsync(sum, 0, query_gradient_sum_bytes(s), stream);
       if (status == cudaSuccess)
         status = launch_backward_role<BackwardRole::kFused, FusedBackwardConfig<KeyConfig>>(params, lse_log2, delta,
-                                                                                            sum, counters, stream);
+                                                                                            sum, stream);
       if (status == cudaSuccess)
         status = launch_round_query_gradient<typename KeyConfig::Element>(sum, params.dq, s, params.scale, stream);
       return status;
@@ -122,19 +107,15 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   }
   if constexpr (kKeyPasses == 1) {
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kKeysAndValues, KeyConfig>(params, lse_log2, delta, nullptr,
-                                                                             counters, stream);
+      status = launch_backward_role<BackwardRole::kKeysAndValues, KeyConfig>(params, lse_log2, delta, nullptr, stream);
   } else {
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kValues, KeyConfig>(params, lse_log2, delta, nullptr, counters,
-                                                                      stream);
+      status = launch_backward_role<BackwardRole::kValues, KeyConfig>(params, lse_log2, delta, nullptr, stream);
     if (status == cudaSuccess)
-      status = launch_backward_role<BackwardRole::kKeys, KeyConfig>(params, lse_log2, delta, nullptr, counters + 1,
-                                                                    stream);
+      status = launch_backward_role<BackwardRole::kKeys, KeyConfig>(params, lse_log2, delta, nullptr, stream);
   }
   if (status == cudaSuccess)
-    status = launch_backward_role<BackwardRole::kQueries, QueryConfig>(params, lse_log2, delta, nullptr,
-                                                                       counters + kKeyPasses, stream);
+    status = launch_backward_role<BackwardRole::kQueries, QueryConfig>(params, lse_log2, delta, nullptr, stream);
   return status;
 }
 

@@ -22,16 +22,6 @@ inline size_t backward_rows_bytes(const AttentionShape& shape) {
   return 2 * sizeof(float) * size_t(shape.batch * shape.heads_q * padded_rows(shape.seqlen_q));
 }
 
-// After the rows: one work counter per launch of the persistent backward kernels (work_tiles.cuh), at most three
-// (dV, dK and dQ at head dim 256), zeroed together before the first.
-constexpr int kBackwardLaunches = 3;
-inline size_t backward_inputs_bytes(const AttentionShape& shape) {
-  return backward_rows_bytes(shape) + kBackwardLaunches * sizeof(int);
-}
-inline int* backward_work_counters(void* workspace, const AttentionShape& shape) {
-  return reinterpret_cast<int*>(static_cast<char*>(workspace) + backward_rows_bytes(shape));
-}
-
 // A warp per (batch, head, padded row), 16-byte loads of dout and out across its lanes.
 template <typename Element>
 __global__ void backward_rows_kernel(AttentionBackwardParams p, int64_t padded, float* lse_log2, float* delta) {

@@ -249,8 +249,8 @@ cudaError_t forward_fp8(const AttentionForwardParams& params, void* workspace, c
 }}
 
 size_t backward_workspace_bytes(const AttentionShape& shape, bool deterministic) {{
-  const size_t inputs_bytes = backward_inputs_bytes(shape);
-  return inputs_bytes + query_gradient_sum_workspace_bytes(shape, deterministic, inputs_bytes);
+  const size_t rows_bytes = backward_rows_bytes(shape);
+  return rows_bytes + query_gradient_sum_workspace_bytes(shape, deterministic, rows_bytes);
 }}
 
 cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream) {{

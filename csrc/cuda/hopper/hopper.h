@@ -30,9 +30,8 @@ bool forward_fp8_supported(const AttentionShape& shape);
 size_t forward_fp8_workspace_bytes(const AttentionShape& shape);
 cudaError_t forward_fp8(const AttentionForwardParams& params, void* workspace, cudaStream_t stream);
 
-// What backward() needs in `workspace`: the padded per-row lse and delta and the kernels' work counters
-// (backward_rows.cuh), and unless the call is deterministic the float32 dQ sum of the fused backward
-// (query_gradient_sum.cuh).
+// What backward() needs in `workspace`: the padded per-row lse and delta (backward_rows.cuh), and unless the call
+// is deterministic the float32 dQ sum of the fused backward (query_gradient_sum.cuh).
 size_t backward_workspace_bytes(const AttentionShape& shape, bool deterministic);
 
 cudaError_t backward(const AttentionBackwardParams& params, void* workspace, cudaStream_t stream);

@@ -55,12 +55,11 @@ inline size_t query_gradient_sum_bytes(const AttentionShape& s) {
          size_t(s.batch * s.heads_q * sum_query_tiles(s.seqlen_q) * kSumTileRows * sum_row_stride(s.head_dim));
 }
 
-// Where the sum starts after `inputs_bytes` of per-row inputs and work counters (backward_rows.cuh), and what the
-// workspace needs for it.
-inline size_t query_gradient_sum_offset(size_t inputs_bytes) { return (inputs_bytes + 255) / 256 * 256; }
-inline size_t query_gradient_sum_workspace_bytes(const AttentionShape& s, bool deterministic, size_t inputs_bytes) {
+// Where the sum starts after `rows_bytes` of per-row inputs, and what the workspace needs for it.
+inline size_t query_gradient_sum_offset(size_t rows_bytes) { return (rows_bytes + 255) / 256 * 256; }
+inline size_t query_gradient_sum_workspace_bytes(const AttentionShape& s, bool deterministic, size_t rows_bytes) {
   return fuses_query_gradient(s, deterministic)
-             ? query_gradient_sum_offset(inputs_bytes) - inputs_bytes + query_gradient_sum_bytes(s)
+             ? query_gradient_sum_offset(rows_bytes) - rows_bytes + query_gradient_sum_bytes(s)
              : 0;
 }
 
