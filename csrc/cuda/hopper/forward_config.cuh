@@ -96,8 +96,9 @@ struct ForwardConfig : WarpRoles<kBlockM_ / 64, kForwardProducerRegisters<kHeadD
   // Two query buffers where they fit beside staged output: the producer then loads the next work tile's queries
   // (and its first keys) while the consumers still run this one's last Q K^T, instead of after it, so short work
   // tiles (short or causal sequences, packed documents) do not start by waiting for a load.
-  static constexpr int kQBuffers = 2 * kQBytes + 2 * kStages * kKVBytes + kOutputBytes <= kSmemBudget ? 2 : 1;
-  static constexpr bool kStagedOutput = kQBuffers * kQBytes + 2 * kStages * kKVBytes + kOutputBytes <= kSmemBudget;
+  static constexpr uint32_t kBytesBesideQ = 2 * kStages * kKVBytes + kOutputBytes;  // K and V ring, staged output
+  static constexpr int kQBuffers = 2 * kQBytes + kBytesBesideQ <= kSmemBudget ? 2 : 1;
+  static constexpr bool kStagedOutput = kQBuffers * kQBytes + kBytesBesideQ <= kSmemBudget;
   using SmemLayoutOutput = decltype(take<0, 2>(SwizzledTiles<Output, 64, kHeadDim, 1>{}));
   // One warpgroup's share of the P V product: the layout its accumulator fragment has, for the shared-memory copy.
   using MmaPVWarpgroup = decltype(make_tiled_mma(
