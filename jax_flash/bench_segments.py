@@ -9,13 +9,20 @@ process, on the same q/k/v:
 
     jax_flash packed        the row with segment_ids (each document sees only itself, causally)
     jax_flash dense causal  the same row as one causal sequence: the reference speed
-    cudnn lengths           (GPU) the documents as a padded batch [docs, max_len, H, D] with the *_seq_lengths
-    jax_flash lengths       the same padded batch through jax_flash
+    jax_flash varlen        the row as [S, H, D] with cumulative document offsets (varlen_attention)
+    jax_flash lengths       the documents as a padded batch [docs, max_len, H, D] with the *_seq_lengths
+    cudnn lengths           (GPU) the same padded batch through jax.nn's cuDNN path
+    cudnn dense causal      (GPU) the row as one causal sequence through it
+    fa3_jax varlen          (GPU, flash-attn3-jax installed) the offsets layout through flash_mha_varlen, told the
+                            longest document as it would be in training
+    fa3_jax dense causal    (the same) the row as one causal sequence through flash_mha
 
 TFLOP/s are counted on visible work only: forward 4 * H * D * (visible (query, key) pairs), forward+backward 3.5x
 that (benchmark.py's convention). A causal document of length L has L (L + 1) / 2 visible pairs, so the packed and
 padded layouts share one count and dense causal counts S (S + 1) / 2. Every implementation's forward is checked per
 document against the float32 reference before it is timed; a wrong answer is reported on its rows, not raised.
+Each row's ratio_to_dense is over jax_flash's dense causal row (issue 7's measure); ratio_to_own_dense is over the
+dense causal row of its own implementation, so the peers' packed layouts are judged the same way.
 
 --breakdown times jax_flash alone, causal, on the same q/k/v in seven layouts that separate where packed documents
 lose time: the dense row, the row reshaped into a batch of `docs` equal rows, the same equal documents as segment_ids,
@@ -36,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
-from jax_flash.benchmark import TOLERANCE, _fwd_bwd, _time, comma_ints
+from jax_flash.benchmark import TOLERANCE, _fa3, _fwd_bwd, _time, comma_ints
 from jax_flash.reference import attention_reference
 
 
@@ -104,31 +111,60 @@ def _flash_dense(q, k, v, _):
     return jax_flash.dot_product_attention(q, k, v, is_causal=True)
 
 
+def _flash_varlen(q, k, v, offsets):
+    return jax_flash.varlen_attention(q[0], k[0], v[0], offsets, offsets, is_causal=True)[None]
+
+
+def _fa3_varlen(longest: int):
+    """flash-attn3-jax's packed-sequence attention on the offsets layout, or None when it is not installed."""
+    try:
+        from flash_attn3_jax import flash_mha_varlen
+    except ImportError:
+        return None
+
+    def attend(q, k, v, offsets):
+        return flash_mha_varlen(q[0], k[0], v[0], offsets, offsets, max_seqlen_q=longest, max_seqlen_k=longest,
+                                is_causal=True)[None]
+    return attend
+
+
 def _by_lengths(implementation):
     def attend(q, k, v, lengths):
         return implementation(q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
     return attend
 
 
-def _implementations(on_gpu: bool) -> dict:
-    """name -> (layout name, attend(q, k, v, mask) -> out)."""
-    impls = {"jax_flash packed": ("packed", _flash_packed), DENSE: ("dense", _flash_dense)}
+def _cudnn(q, k, v, **kwargs):
+    return jax.nn.dot_product_attention(q, k, v, **kwargs, implementation="cudnn")
+
+
+def _implementations(on_gpu: bool, lengths) -> dict:
+    """name -> (layout name, attend(q, k, v, mask) -> out). Each name starts with its implementation's name, and an
+    implementation with a dense causal row names it "<implementation> dense causal"."""
+    impls = {"jax_flash packed": ("packed", _flash_packed), DENSE: ("dense", _flash_dense),
+             "jax_flash varlen": ("varlen", _flash_varlen),
+             "jax_flash lengths": ("padded", _by_lengths(jax_flash.dot_product_attention))}
     if on_gpu:
-        impls["cudnn lengths"] = ("padded", _by_lengths(
-            lambda *args, **kwargs: jax.nn.dot_product_attention(*args, **kwargs, implementation="cudnn")))
-    impls["jax_flash lengths"] = ("padded", _by_lengths(jax_flash.dot_product_attention))
+        impls["cudnn lengths"] = ("padded", _by_lengths(_cudnn))
+        impls["cudnn dense causal"] = ("dense", lambda q, k, v, _: _cudnn(q, k, v, is_causal=True))
+        fa3_varlen, fa3 = _fa3_varlen(int(max(lengths))), _fa3()
+        if fa3_varlen and fa3:
+            impls["fa3_jax varlen"] = ("varlen", fa3_varlen)
+            impls["fa3_jax dense causal"] = ("dense", lambda q, k, v, _: fa3(q, k, v, is_causal=True))
     return impls
 
 
 def _layouts(q, k, v, lengths) -> dict[str, Layout]:
     padded = [to_padded_batch(x, lengths) for x in (q, k, v)]
     return {"packed": Layout(q, k, v, jnp.asarray(segment_ids(lengths))),
+            "varlen": Layout(q, k, v, jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)),
             "dense": Layout(q, k, v, None),
             "padded": Layout(*padded, jnp.asarray(lengths, jnp.int32))}
 
 
 def _per_document(out, layout_name: str, lengths) -> list:
-    """The output's rows of each document: slices of the packed row, or each padded row's first L_i rows."""
+    """The output's rows of each document: slices of the row (packed, varlen, dense), or each padded row's first
+    L_i rows."""
     if layout_name == "padded":
         return [out[i, :n] for i, n in enumerate(lengths)]
     return [out[0, s:s + n] for s, n in zip(document_starts(lengths), lengths)]
@@ -213,12 +249,15 @@ def run_head_dim(grid: Grid, head_dim: int, lengths, parts, min_seconds: float, 
             lambda: _check(attend, layout, layout_name, lengths, references, checked_heads, grid.dtype))
         for part in parts:
             row = dict(impl=name, part=part, head_dim=head_dim, heads=heads, seq=grid.seq, docs=len(lengths),
-                       ms=None, tflops=None, ratio_to_dense=None, max_error=max_error, error=error)
+                       ms=None, tflops=None, max_error=max_error, error=error)
             if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
-                flops = _visible_flops(heads, head_dim, [grid.seq] if name == DENSE else lengths, part)
+                flops = _visible_flops(heads, head_dim, [grid.seq] if layout_name == "dense" else lengths, part)
                 row.update(_timed_row_fields(attend, [layout], part, min_seconds, flops))
             rows.append(row)
     _add_ratios(rows, lambda r: r["impl"] == DENSE)
+    for family in {r["impl"].split()[0] for r in rows}:
+        _add_ratios([r for r in rows if r["impl"].split()[0] == family],
+                    lambda r, family=family: r["impl"] == f"{family} dense causal", key="ratio_to_own_dense")
     return rows
 
 
@@ -277,7 +316,7 @@ def run_breakdown(grid: Grid, head_dim: int, lengths, parts, min_seconds: float)
         for part in parts:
             flops = _visible_flops(heads, head_dim, case.documents, part)
             row = dict(mode="breakdown", case=case.name, part=part, head_dim=head_dim, heads=heads, seq=grid.seq,
-                       docs=len(case.documents), flops=flops, ms=None, tflops=None, ratio_to_dense=None,
+                       docs=len(case.documents), flops=flops, ms=None, tflops=None,
                        max_error=max_error, error=error)
             if max_error is not None:  # it ran: time it, even when wrong, so the row still says how fast
                 row.update(_timed_row_fields(case.attend, case.layouts, part, min_seconds, flops))
@@ -286,12 +325,12 @@ def run_breakdown(grid: Grid, head_dim: int, lengths, parts, min_seconds: float)
     return rows
 
 
-def _add_ratios(rows: list[dict], is_dense: Callable[[dict], bool]) -> None:
-    """ratio_to_dense: TFLOP/s over the dense causal row's on the same part (issue 7's target: packed >= 0.9)."""
+def _add_ratios(rows: list[dict], is_dense: Callable[[dict], bool], key: str = "ratio_to_dense") -> None:
+    """rows[key]: TFLOP/s over the dense causal row's on the same part (issue 7's target: packed >= 0.9), None where
+    either did not run."""
     dense = {r["part"]: r["tflops"] for r in rows if is_dense(r)}
     for r in rows:
-        if r["tflops"] is not None and dense.get(r["part"]):
-            r["ratio_to_dense"] = r["tflops"] / dense[r["part"]]
+        r[key] = r["tflops"] / dense[r["part"]] if r["tflops"] is not None and dense.get(r["part"]) else None
 
 
 CASE_WIDTH = len("segment ids, random documents")  # the longest breakdown case name
@@ -303,6 +342,8 @@ def format_row(r: dict) -> str:
     if r["ms"] is None:
         return f"{label} failed: {r['error']}"
     ratio = f"{r['ratio_to_dense']:5.2f}x dense" if r["ratio_to_dense"] is not None else " " * 11
+    own = r.get("ratio_to_own_dense")
+    ratio += f" {own:5.2f}x own dense" if own is not None else " " * 16
     shown = f"{label} {r['ms']:9.3f} ms {r['tflops']:8.2f} TFLOP/s {ratio}  max err {r['max_error']:.1e}"
     return shown + (f"  {r['error']}" if r["error"] else "")
 
@@ -332,7 +373,7 @@ def main(argv=None) -> None:
     if args.breakdown:
         print(f"breakdown: jax_flash causal only; equal documents {grid.docs} x {grid.seq // grid.docs}; "
               f"ratios are TFLOP/s over {ONE_ROW!r}", flush=True)
-    impls, parts = _implementations(on_gpu), args.parts.split(",")
+    impls, parts = _implementations(on_gpu, lengths), args.parts.split(",")
     rows = []
     for head_dim in grid.head_dims:
         if args.breakdown:

@@ -77,26 +77,46 @@ def test_bench_segments_cpu_grid(tmp_path):
     grid = bench_segments.CPU_GRID
     assert result["header"]["jax"] == jax.__version__ and sum(result["header"]["doc_lengths"]) == grid.seq
     rows = result["rows"]
-    impls = ["jax_flash packed", "jax_flash dense causal", "jax_flash lengths"]
+    impls = ["jax_flash packed", "jax_flash dense causal", "jax_flash varlen", "jax_flash lengths"]
     assert sorted((r["impl"], r["part"]) for r in rows) == sorted((i, p) for i in impls for p in ("fwd", "fwd+bwd"))
     packed_pairs = bench_segments.causal_visible_pairs(result["header"]["doc_lengths"])
     dense_pairs = grid.seq * (grid.seq + 1) // 2
     for r in rows:
         assert r["error"] is None and r["max_error"] <= 1e-4  # the correctness check passed
         assert r["ms"] > 0 and r["ratio_to_dense"] > 0
+        assert r["ratio_to_own_dense"] == r["ratio_to_dense"]  # every row here is jax_flash's
         pairs = dense_pairs if r["impl"] == "jax_flash dense causal" else packed_pairs
         flops = 4 * r["heads"] * r["head_dim"] * pairs * (3.5 if r["part"] == "fwd+bwd" else 1)
         assert r["tflops"] == pytest.approx(flops / (r["ms"] * 1e-3) / 1e12)
 
 
 def test_bench_segments_marks_a_wrong_answer(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench_segments, "_implementations", lambda on_gpu: {
+    monkeypatch.setattr(bench_segments, "_implementations", lambda on_gpu, lengths: {
         "returns q": ("packed", lambda q, k, v, ids: q)})
     out = tmp_path / "segments.json"
     # One head dim, so one row, on any machine (a GPU's default is two).
     bench_segments.main(["--json", str(out), "--parts", "fwd", "--head-dims", "32", "--min-seconds", "0.01"])
     (row,) = json.loads(out.read_text())["rows"]
     assert row["error"].startswith("wrong") and row["max_error"] > 1e-4 and row["ms"] > 0
+
+
+def test_bench_segments_judges_each_implementation_by_its_own_dense_row(tmp_path, monkeypatch):
+    # A peer (here jax_flash under another name) brings its own dense causal row: its packed row's ratio_to_own_dense
+    # is over that row, its ratio_to_dense over jax_flash's, and a dense layout counts the whole row's pairs.
+    monkeypatch.setattr(bench_segments, "_implementations", lambda on_gpu, lengths: {
+        bench_segments.DENSE: ("dense", bench_segments._flash_dense),
+        "peer varlen": ("varlen", bench_segments._flash_varlen),
+        "peer dense causal": ("dense", bench_segments._flash_dense)})
+    out = tmp_path / "segments.json"
+    bench_segments.main(["--json", str(out), "--parts", "fwd", "--head-dims", "32", "--min-seconds", "0.01"])
+    result = json.loads(out.read_text())
+    rows = {r["impl"]: r for r in result["rows"]}
+    assert all(r["error"] is None for r in rows.values())
+    ours, peer, packed = rows[bench_segments.DENSE], rows["peer dense causal"], rows["peer varlen"]
+    assert packed["ratio_to_own_dense"] == pytest.approx(packed["tflops"] / peer["tflops"])
+    assert packed["ratio_to_dense"] == pytest.approx(packed["tflops"] / ours["tflops"])
+    assert peer["ratio_to_own_dense"] == 1.0
+    assert peer["tflops"] * peer["ms"] == pytest.approx(ours["tflops"] * ours["ms"])  # the same visible work
 
 
 def _breakdown_documents(grid, random_lengths) -> dict:
