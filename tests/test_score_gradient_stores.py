@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
 
-from host_cuda import build, nvcc
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = pathlib.Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
 
 
 def _cutlass_include() -> pathlib.Path | None:
@@ -24,11 +33,13 @@ def _cutlass_include() -> pathlib.Path | None:
 
 
 def test_every_thread_stores_where_the_kernel_derives(tmp_path):
-    compiler, cutlass = nvcc(), _cutlass_include()
-    if compiler is None or cutlass is None or not (cutlass / "cute" / "tensor.hpp").exists():
+    nvcc, cutlass = _nvcc(), _cutlass_include()
+    if nvcc is None or cutlass is None or not (cutlass / "cute" / "tensor.hpp").exists():
         pytest.skip("needs nvcc and the CUTLASS headers (pip install nvidia-cutlass)")
-    program = build(compiler, "score_gradient_stores.cu", tmp_path / "score_gradient_stores",
-                    "--expt-relaxed-constexpr", "-isystem", str(cutlass))
+    program = tmp_path / "score_gradient_stores"
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-I", str(REPO / "csrc"), "-isystem",
+                    str(cutlass), str(REPO / "tests" / "cuda" / "score_gradient_stores.cu"), "-o", str(program)],
+                   check=True, capture_output=True, text=True)
     result = subprocess.run([str(program)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     summaries = [line.split(" mismatches")[0] for line in result.stdout.splitlines() if " mismatches over " in line]

@@ -57,7 +57,6 @@ struct BackwardKernelParams {
   bool has_tokens;
   float scale;
   float scale_log2;
-  WorkOrder order;  // blockIdx.x -> (resident tile, head, batch); the head is a KV head when key-major
 };
 
 // Which streamed tiles a CTA visits, in order: for the key-major role, every query head of the KV group times the
@@ -571,8 +570,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   constexpr bool kKeyMajor = kKeyMajorRole<kRole>;
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(smem_bytes);
-  const WorkTile work = p.order.tile(int(blockIdx.x));
-  const int resident_block = work.m_block, head = work.head, batch = work.batch;
+  const int resident_block = blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;  // a KV head when key-major
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&smem.resident_full, 1);
     for (int s = 0; s < Config::kStages; ++s) {

@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include "../../attention_params.h"
-#include "../device_attribute.h"
 #include "backward_kernel.cuh"
 #include "backward_rows.cuh"
 #include "hopper.h"
@@ -66,22 +65,9 @@ cudaError_t launch_backward_role(const AttentionBackwardParams& params, const fl
   p.scale_log2 = float(M_LOG2E) * (params.mask.softcap > 0.f ? 1.f : params.scale);
 
   const int64_t rows = kKeyMajor ? s.seqlen_k : s.seqlen_q;
-  const int64_t blocks = (rows + Config::kResident - 1) / Config::kResident;
-  const int64_t heads = kKeyMajor ? s.heads_kv : s.heads_q;
-  if (blocks * heads * s.batch == 0) return cudaSuccess;
-  if (blocks * heads * s.batch > INT_MAX) return cudaErrorNotSupported;  // the sm80 kernels take it
-  int l2_bytes = 0;
-  if (cudaError_t status = device_attribute<cudaDevAttrL2CacheSize>(&l2_bytes); status != cudaSuccess) return status;
-  // The blocks are handed out as the forward's work tiles are (work_tiles.cuh): groups of (head, batch) pairs whose
-  // streamed operands (a KV group's queries and output gradients, or a query head's share of its keys and values)
-  // fit in two thirds of L2, the heaviest resident tiles of a group first under a causal mask: the first keys, which
-  // every later query sees, or the last queries, which see every earlier key.
-  const int64_t streamed_bytes = kKeyMajor ? 2 * s.seqlen_q * s.head_dim * int64_t(sizeof(Element)) * s.group()
-                                           : 2 * s.seqlen_k * s.head_dim * int64_t(sizeof(Element)) / s.group();
-  p.order = WorkOrder{int(blocks), int(heads), int(s.batch),
-                      pairs_per_group(heads * s.batch, streamed_bytes, int64_t(l2_bytes) * 2 / 3),
-                      !kKeyMajor && params.mask.window_right >= 0};
-  const dim3 grid(unsigned(blocks * heads * s.batch));
+  const dim3 grid(unsigned((rows + Config::kResident - 1) / Config::kResident),
+                  unsigned(kKeyMajor ? s.heads_kv : s.heads_q), unsigned(s.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   auto* kernel =
       params.mask.softcap > 0.f ? &backward_kernel<kRole, true, Config> : &backward_kernel<kRole, false, Config>;
   cudaError_t status =
@@ -99,7 +85,7 @@ cudaError_t launch_backward_configs(const AttentionBackwardParams& params, void*
   if (s.batch == 0 || s.heads_q == 0) return cudaSuccess;
   // A TMA descriptor cannot describe an empty tensor; the sm80 kernels handle (and zero-fill) those calls.
   if (s.seqlen_q == 0 || s.seqlen_k == 0) return cudaErrorNotSupported;
-  if (s.seqlen_q > INT32_MAX - kRowPadding) return cudaErrorNotSupported;
+  if (s.heads_q > 65535 || s.batch > 65535 || s.seqlen_q > INT32_MAX - kRowPadding) return cudaErrorNotSupported;
   auto* lse_log2 = static_cast<float*>(workspace);
   float* delta = lse_log2 + s.batch * s.heads_q * padded_rows(s.seqlen_q);
   cudaError_t status = launch_backward_rows<typename KeyConfig::Element>(params, lse_log2, delta, stream);

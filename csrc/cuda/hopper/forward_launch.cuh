@@ -71,20 +71,15 @@ cudaError_t launch_forward_config(const AttentionForwardParams& params, void* wo
   const int64_t m_blocks = (s.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   // Work indices travel in tickets with a flag bit; the sm80 kernels take calls with more tiles.
   if (m_blocks * s.heads_q * s.batch >= (int64_t{1} << 30)) return cudaErrorNotSupported;
+  // The last query tiles see the most keys under a causal mask: they go first.
+  p.order = WorkOrder{int(m_blocks), int(s.heads_q), int(s.batch), params.mask.window_right >= 0};
   p.work_counter = static_cast<int*>(workspace);
   // Timed on the H200 (docs/benchmarks.md): within 1% either way, slightly ahead at head dims 64 and 128.
   p.pingpong = Config::kHeadDim <= 128;
 
-  int sm_count = 0, l2_bytes = 0;
+  int sm_count = 0;
   if (cudaError_t status = device_attribute<cudaDevAttrMultiProcessorCount>(&sm_count); status != cudaSuccess)
     return status;
-  if (cudaError_t status = device_attribute<cudaDevAttrL2CacheSize>(&l2_bytes); status != cudaSuccess) return status;
-  // A pair's share of its key/value head (the query heads of a GQA group read the same one); two thirds of L2 for
-  // the group's, the rest for the queries and outputs streaming through.
-  const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * int64_t(sizeof(Element)) / s.group();
-  const int group = pairs_per_group(s.heads_q * s.batch, kv_bytes, int64_t(l2_bytes) * 2 / 3);
-  // The last query tiles see the most keys under a causal mask: they go first.
-  p.order = WorkOrder{int(m_blocks), int(s.heads_q), int(s.batch), group, params.mask.window_right >= 0};
   const int64_t tiles = m_blocks * s.heads_q * s.batch;
   const dim3 grid(unsigned(tiles < sm_count ? tiles : sm_count));
   if (cudaError_t status = cudaMemsetAsync(p.work_counter, 0, sizeof(int), stream); status != cudaSuccess)
