@@ -116,11 +116,9 @@ def _flash_varlen(q, k, v, offsets):
 
 
 def _fa3_varlen(longest: int):
-    """flash-attn3-jax's packed-sequence attention on the offsets layout, or None when it is not installed."""
-    try:
-        from flash_attn3_jax import flash_mha_varlen
-    except ImportError:
-        return None
+    """flash-attn3-jax's packed-sequence attention on the offsets layout (call only where benchmark._fa3() found the
+    package)."""
+    from flash_attn3_jax import flash_mha_varlen
 
     def attend(q, k, v, offsets):
         return flash_mha_varlen(q[0], k[0], v[0], offsets, offsets, max_seqlen_q=longest, max_seqlen_k=longest,
@@ -147,9 +145,9 @@ def _implementations(on_gpu: bool, lengths) -> dict:
     if on_gpu:
         impls["cudnn lengths"] = ("padded", _by_lengths(_cudnn))
         impls["cudnn dense causal"] = ("dense", lambda q, k, v, _: _cudnn(q, k, v, is_causal=True))
-        fa3_varlen, fa3 = _fa3_varlen(int(max(lengths))), _fa3()
-        if fa3_varlen and fa3:
-            impls["fa3_jax varlen"] = ("varlen", fa3_varlen)
+        fa3 = _fa3()
+        if fa3:
+            impls["fa3_jax varlen"] = ("varlen", _fa3_varlen(int(max(lengths))))
             impls["fa3_jax dense causal"] = ("dense", lambda q, k, v, _: fa3(q, k, v, is_causal=True))
     return impls
 
